@@ -1,0 +1,167 @@
+"""Audiences (contacts, lists, suppressions), templates and campaigns."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models.functions import Now
+
+from campaigns.timezones import validate_timezone
+
+
+class Priority(models.TextChoices):
+    CRITICAL = "critical"
+    HIGH = "high"
+    NORMAL = "normal"
+    LOW = "low"
+
+
+class Contact(models.Model):
+    class Status(models.TextChoices):
+        ACTIVE = "active"
+        UNSUBSCRIBED = "unsubscribed"
+        BOUNCED = "bounced"
+        COMPLAINED = "complained"
+
+    # Stored lower-cased: one contact per mailbox, whatever case an import used.
+    email = models.CharField(max_length=254, unique=True)
+    name = models.CharField(max_length=200, blank=True, default="", db_default="")
+    timezone = models.CharField(
+        max_length=64, default="UTC", db_default="UTC", validators=[validate_timezone]
+    )
+    attributes = models.JSONField(default=dict, db_default={}, blank=True)
+    status = models.CharField(
+        max_length=16, choices=Status.choices, default=Status.ACTIVE, db_default=Status.ACTIVE
+    )
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return self.email
+
+
+class ContactList(models.Model):
+    name = models.CharField(max_length=200, unique=True)
+    description = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    contacts = models.ManyToManyField(Contact, through="ListMembership", related_name="lists")
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ListMembership(models.Model):
+    contact_list = models.ForeignKey(ContactList, on_delete=models.CASCADE, db_index=False)
+    contact = models.ForeignKey(Contact, on_delete=models.CASCADE)
+    added_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    class Meta:
+        constraints = [
+            # Also the index the fan-out walks: (list, contact id) in key order.
+            models.UniqueConstraint(fields=["contact_list", "contact"], name="uniq_list_contact"),
+        ]
+
+
+class Suppression(models.Model):
+    """An address that must not be mailed. Checked at fan-out (anti-join) and before every send."""
+
+    class Reason(models.TextChoices):
+        UNSUBSCRIBED = "unsubscribed"
+        BOUNCED = "bounced"
+        COMPLAINED = "complained"
+        MANUAL = "manual"
+
+    email = models.CharField(max_length=254, unique=True)
+    reason = models.CharField(max_length=16, choices=Reason.choices)
+    detail = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"{self.email} ({self.reason})"
+
+
+class Template(models.Model):
+    """Subject, HTML and text with ``{{ variable }}`` placeholders (see campaigns.templating)."""
+
+    name = models.SlugField(max_length=100, unique=True)
+    subject = models.CharField(max_length=998)
+    html = models.TextField(blank=True, default="")
+    text = models.TextField(blank=True, default="")
+    # Values used when a recipient has no value for a variable.
+    defaults = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Campaign(models.Model):
+    class Status(models.TextChoices):
+        DRAFT = "draft"
+        SCHEDULED = "scheduled"
+        SENDING = "sending"
+        PAUSED = "paused"
+        COMPLETED = "completed"
+        CANCELLED = "cancelled"
+        FAILED = "failed"
+
+    class ScheduleType(models.TextChoices):
+        IMMEDIATE = "immediate"
+        AT = "at"
+        LOCAL_TIME = "local_time"
+        OPTIMIZED = "optimized"
+
+    class PastTimePolicy(models.TextChoices):
+        NEXT_DAY = "next_day"
+        SEND_NOW = "send_now"
+        SKIP = "skip"
+
+    name = models.CharField(max_length=200)
+    template = models.ForeignKey(Template, on_delete=models.PROTECT, related_name="campaigns")
+    contact_list = models.ForeignKey(
+        ContactList, on_delete=models.PROTECT, related_name="campaigns"
+    )
+    from_email = models.CharField(max_length=254, blank=True, default="")
+    priority = models.CharField(max_length=8, choices=Priority.choices, default=Priority.NORMAL)
+    status = models.CharField(max_length=12, choices=Status.choices, default=Status.DRAFT)
+
+    schedule_type = models.CharField(
+        max_length=12, choices=ScheduleType.choices, default=ScheduleType.IMMEDIATE
+    )
+    scheduled_at = models.DateTimeField(null=True, blank=True)  # `at`: a UTC instant
+    local_date = models.DateField(null=True, blank=True)  # `local_time`: wall date and time
+    local_time = models.TimeField(null=True, blank=True)
+    past_time_policy = models.CharField(
+        max_length=10, choices=PastTimePolicy.choices, default=PastTimePolicy.NEXT_DAY
+    )
+    # `optimized`: send at each contact's best hour within this many hours of the start.
+    window_hours = models.PositiveSmallIntegerField(default=24)
+
+    # Fan-out progress: the last contact id written, so a killed fan-out resumes where it was.
+    fanout_cursor = models.BigIntegerField(default=0)
+    fanout_done = models.BooleanField(default=False)
+    total_count = models.PositiveIntegerField(default=0)
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [models.Index(fields=["status"], name="campaign_status_idx")]
+
+    def __str__(self) -> str:
+        return self.name

@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+from django.contrib import admin
+
+from delivery.models import ApiKey, EmailEvent, Message, OutboxEvent
+
+
+@admin.register(Message)
+class MessageAdmin(admin.ModelAdmin):
+    list_display = ("id", "to_email", "priority", "status", "provider", "attempts", "created_at", "sent_at")
+    list_filter = ("status", "priority", "provider")
+    search_fields = ("=to_email", "=provider_message_id")
+    raw_id_fields = ("campaign", "contact", "template", "api_key")
+    readonly_fields = (
+        "created_at", "queued_at", "claimed_at", "sent_at", "attempts", "provider",
+        "provider_message_id", "last_error", "request_fingerprint", "idempotency_key",
+    )  # fmt: skip
+    # Counting a table of millions on every page is the slow part of the changelist.
+    show_full_result_count = False
+    list_select_related = False
+
+
+@admin.register(OutboxEvent)
+class OutboxEventAdmin(admin.ModelAdmin):
+    list_display = ("id", "kind", "payload", "created_at")
+    list_filter = ("kind",)
+    readonly_fields = ("kind", "payload", "created_at")
+
+
+@admin.register(EmailEvent)
+class EmailEventAdmin(admin.ModelAdmin):
+    list_display = ("id", "kind", "provider", "message", "occurred_at")
+    list_filter = ("kind", "provider")
+    search_fields = ("=message__to_email", "=provider_event_id")
+    raw_id_fields = ("message",)
+    readonly_fields = ("created_at",)
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(admin.ModelAdmin):
+    list_display = ("name", "prefix", "created_at", "revoked_at")
+    search_fields = ("name", "prefix")
+    readonly_fields = ("prefix", "key_hash", "created_at")
+
+    def has_add_permission(self, request: object) -> bool:
+        return False  # keys are made with `manage.py create_api_key`, which shows the key once

@@ -1,0 +1,116 @@
+"""Validation of the message API. Nothing is written unless every field is valid."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.validators import validate_email
+from django.core.exceptions import ValidationError as DjangoValidationError
+from email.utils import parseaddr
+from rest_framework import serializers
+
+from campaigns.models import Priority, Template
+from delivery.models import Message
+
+
+def _no_crlf(value: str) -> str:
+    if "\r" in value or "\n" in value:
+        raise serializers.ValidationError("must not contain line breaks (CR or LF)")
+    return value
+
+
+def _mailbox(value: str) -> str:
+    """An address, optionally with a display name: `a@example.com` or `Ann <a@example.com>`."""
+    _no_crlf(value)
+    name, address = parseaddr(value)
+    try:
+        validate_email(address)
+    except DjangoValidationError:
+        raise serializers.ValidationError(f"{value!r} is not a valid email address") from None
+    return value.strip()
+
+
+class MessageCreateSerializer(serializers.Serializer):
+    to = serializers.CharField(max_length=254)
+    # `from` is a keyword in Python, so the field is added under its JSON name in __init__.
+    reply_to = serializers.CharField(max_length=254, required=False)
+    subject = serializers.CharField(max_length=998, required=False, trim_whitespace=False)
+    html = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False)
+    text = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False)
+    template = serializers.SlugField(max_length=100, required=False)
+    context = serializers.DictField(required=False, default=dict)
+    priority = serializers.ChoiceField(choices=Priority.choices, default=Priority.HIGH)
+    send_at = serializers.DateTimeField(required=False)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["from"] = serializers.CharField(max_length=254, required=False)
+
+    def validate_to(self, value: str) -> str:
+        _no_crlf(value)
+        try:
+            validate_email(value)
+        except DjangoValidationError:
+            raise serializers.ValidationError(f"{value!r} is not a valid email address") from None
+        return value.strip()
+
+    def validate_reply_to(self, value: str) -> str:
+        return _mailbox(value)
+
+    def validate_subject(self, value: str) -> str:
+        return _no_crlf(value)
+
+    def validate_template(self, value: str) -> Template:
+        template = Template.objects.filter(name=value).first()
+        if template is None:
+            raise serializers.ValidationError(f"no template named {value!r}")
+        return template
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        raw_from = self.initial_data.get("from") if isinstance(self.initial_data, dict) else None
+        if raw_from is not None:
+            try:
+                attrs["from_email"] = _mailbox(str(raw_from))
+            except serializers.ValidationError as exc:
+                raise serializers.ValidationError({"from": exc.detail}) from None
+        if attrs.get("template") is not None:
+            if "subject" in attrs or "html" in attrs or "text" in attrs:
+                raise serializers.ValidationError(
+                    {"template": "give either a template or subject with html/text, not both"}
+                )
+        else:
+            errors = {}
+            if not attrs.get("subject"):
+                errors["subject"] = "required when no template is given"
+            if not attrs.get("html") and not attrs.get("text"):
+                errors["text"] = "give html, text or both when no template is given"
+            if errors:
+                raise serializers.ValidationError(errors)
+        return attrs
+
+
+class MessageSerializer(serializers.ModelSerializer):
+    to = serializers.CharField(source="to_email")
+    template = serializers.SlugRelatedField(slug_field="name", read_only=True)
+
+    class Meta:
+        model = Message
+        fields = [
+            "id",
+            "status",
+            "priority",
+            "to",
+            "from_email",
+            "subject",
+            "template",
+            "campaign",
+            "provider",
+            "provider_message_id",
+            "attempts",
+            "last_error",
+            "created_at",
+            "queued_at",
+            "due_at",
+            "sent_at",
+        ]
+        read_only_fields = fields

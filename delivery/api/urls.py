@@ -1,0 +1,8 @@
+from django.urls import path
+
+from delivery.api.views import MessageDetailView, MessageListView
+
+urlpatterns = [
+    path("messages", MessageListView.as_view(), name="message-list"),
+    path("messages/<int:message_id>", MessageDetailView.as_view(), name="message-detail"),
+]

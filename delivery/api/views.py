@@ -1,0 +1,65 @@
+from __future__ import annotations
+
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from delivery.api.serializers import MessageCreateSerializer, MessageSerializer
+from delivery.exceptions import IdempotencyConflict
+from delivery.models import Message
+from delivery.services.messages import NewMessage, accept_message, request_fingerprint
+
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+
+
+class MessageListView(APIView):
+    @extend_schema(
+        request=MessageCreateSerializer,
+        responses={202: MessageSerializer},
+        parameters=[OpenApiParameter(IDEMPOTENCY_HEADER, str, OpenApiParameter.HEADER)],
+    )
+    def post(self, request: Request) -> Response:
+        idempotency_key = request.headers.get(IDEMPOTENCY_HEADER)
+        if idempotency_key is not None and not (0 < len(idempotency_key) <= 255):
+            return Response(
+                {IDEMPOTENCY_HEADER: ["must be between 1 and 255 characters"]},
+                status=status.HTTP_400_BAD_REQUEST,
+            )
+        serializer = MessageCreateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        new = NewMessage(
+            to=data["to"],
+            priority=data["priority"],
+            from_email=data.get("from_email"),
+            reply_to=data.get("reply_to"),
+            subject=data.get("subject"),
+            html=data.get("html"),
+            text=data.get("text"),
+            template=data.get("template"),
+            context=data.get("context") or None,
+            send_at=data.get("send_at"),
+        )
+        try:
+            message, created = accept_message(
+                new,
+                api_key=request.auth,
+                idempotency_key=idempotency_key,
+                fingerprint=request_fingerprint(request.data),
+            )
+        except IdempotencyConflict as exc:
+            return Response({IDEMPOTENCY_HEADER: [str(exc)]}, status=status.HTTP_422_UNPROCESSABLE_ENTITY)
+        response = Response(MessageSerializer(message).data, status=status.HTTP_202_ACCEPTED)
+        if not created:
+            response["Idempotent-Replayed"] = "true"
+        return response
+
+
+class MessageDetailView(APIView):
+    @extend_schema(responses={200: MessageSerializer})
+    def get(self, request: Request, message_id: int) -> Response:
+        message = get_object_or_404(Message.objects.select_related("template"), pk=message_id)
+        return Response(MessageSerializer(message).data)

@@ -1,0 +1,53 @@
+"""Bearer API keys: `Authorization: Bearer eh_…`. Keys are random, so SHA-256 suffices to store them."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+
+from rest_framework import authentication, exceptions
+from rest_framework.request import Request
+
+from delivery.models import ApiKey
+
+KEY_PREFIX = "eh_"
+
+
+def hash_key(raw_key: str) -> str:
+    return hashlib.sha256(raw_key.encode()).hexdigest()
+
+
+def create_api_key(name: str) -> tuple[ApiKey, str]:
+    """Create a key; the raw key is returned once and never stored."""
+    raw = KEY_PREFIX + secrets.token_urlsafe(32)
+    key = ApiKey.objects.create(name=name, prefix=raw[:10], key_hash=hash_key(raw))
+    return key, raw
+
+
+class ApiKeyAuthentication(authentication.BaseAuthentication):
+    keyword = "Bearer"
+
+    def authenticate(self, request: Request) -> tuple[None, ApiKey] | None:
+        header = authentication.get_authorization_header(request).decode("latin-1")
+        if not header:
+            return None
+        scheme, _, raw = header.partition(" ")
+        if scheme.lower() != self.keyword.lower() or not raw.strip():
+            raise exceptions.AuthenticationFailed("use the header `Authorization: Bearer <api key>`")
+        key = ApiKey.objects.filter(key_hash=hash_key(raw.strip()), revoked_at__isnull=True).first()
+        if key is None:
+            raise exceptions.AuthenticationFailed("unknown or revoked API key")
+        return (None, key)
+
+    def authenticate_header(self, request: Request) -> str:
+        return self.keyword
+
+
+class HasApiKey:
+    """Permission: the request carried a valid API key (DRF's IsAuthenticated needs a user)."""
+
+    def has_permission(self, request: Request, view: object) -> bool:
+        return isinstance(request.auth, ApiKey)
+
+    def has_object_permission(self, request: Request, view: object, obj: object) -> bool:
+        return True

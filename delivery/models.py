@@ -1,0 +1,174 @@
+"""Messages, their outbox and events, and the API keys that submit them."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models.functions import Now
+
+from campaigns.models import Campaign, Contact, Priority, Template
+
+
+class ApiKey(models.Model):
+    """A bearer key. Only its SHA-256 is stored; the key itself is shown once at creation."""
+
+    name = models.CharField(max_length=100, unique=True)
+    prefix = models.CharField(max_length=16, help_text="The key's first characters, to recognise it")
+    key_hash = models.CharField(max_length=64, unique=True, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = "API key"
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+
+class MessageStatus(models.TextChoices):
+    SCHEDULED = "scheduled"  # waits for due_at
+    QUEUED = "queued"  # published (or about to be) to its priority queue
+    SENDING = "sending"  # claimed by one worker
+    RETRY_WAIT = "retry_wait"  # a transient failure; retried at due_at
+    SENT = "sent"
+    FAILED = "failed"
+    SUPPRESSED = "suppressed"
+    CANCELLED = "cancelled"
+
+
+FINAL_STATUSES = (
+    MessageStatus.SENT,
+    MessageStatus.FAILED,
+    MessageStatus.SUPPRESSED,
+    MessageStatus.CANCELLED,
+)
+
+
+class Message(models.Model):
+    """One email to one recipient.
+
+    Campaign rows are written by set-based SQL during fan-out and carry no content of their own:
+    they are rendered from the campaign's template at send time. Columns a campaign row leaves
+    empty are nullable, and every column fan-out omits has a database default.
+    """
+
+    campaign = models.ForeignKey(
+        Campaign, null=True, blank=True, on_delete=models.CASCADE, db_index=False
+    )
+    contact = models.ForeignKey(Contact, null=True, blank=True, on_delete=models.SET_NULL)
+    template = models.ForeignKey(Template, null=True, blank=True, on_delete=models.PROTECT)
+    api_key = models.ForeignKey(
+        ApiKey, null=True, blank=True, on_delete=models.PROTECT, db_index=False
+    )
+
+    to_email = models.CharField(max_length=254, db_index=True)
+    from_email = models.CharField(max_length=254, null=True, blank=True)
+    reply_to = models.CharField(max_length=254, null=True, blank=True)
+    subject = models.TextField(null=True, blank=True)
+    html = models.TextField(null=True, blank=True)
+    text = models.TextField(null=True, blank=True)
+    context = models.JSONField(null=True, blank=True)
+
+    priority = models.CharField(max_length=8, choices=Priority.choices, default=Priority.NORMAL)
+    status = models.CharField(
+        max_length=12,
+        choices=MessageStatus.choices,
+        default=MessageStatus.QUEUED,
+        db_default=MessageStatus.QUEUED,
+    )
+    due_at = models.DateTimeField(null=True, blank=True)
+    attempts = models.PositiveSmallIntegerField(default=0, db_default=0)
+    provider = models.CharField(max_length=20, null=True, blank=True)
+    provider_message_id = models.CharField(max_length=255, null=True, blank=True)
+    last_error = models.TextField(null=True, blank=True)
+
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)
+    request_fingerprint = models.CharField(max_length=64, null=True, blank=True, editable=False)
+
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+    queued_at = models.DateTimeField(null=True, blank=True)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["campaign", "contact"], name="uniq_campaign_contact"),
+            models.UniqueConstraint(
+                fields=["api_key", "idempotency_key"],
+                name="uniq_idempotency_key",
+                condition=models.Q(idempotency_key__isnull=False),
+            ),
+        ]
+        indexes = [
+            # The due sweep: scheduled sends and retries whose time has come.
+            models.Index(
+                fields=["due_at"],
+                name="message_due_idx",
+                condition=models.Q(status__in=["scheduled", "retry_wait"]),
+            ),
+            # The reaper: rows whose worker died while sending.
+            models.Index(
+                fields=["claimed_at"],
+                name="message_sending_idx",
+                condition=models.Q(status="sending"),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.pk} to {self.to_email} ({self.status})"
+
+
+class OutboxEvent(models.Model):
+    """A task to publish, written in the same transaction as the change it announces.
+
+    The row is deleted once the task is on the broker; a row that is still here a couple of
+    seconds after its commit is published by the relay (delivery.tasks.relay_outbox).
+    """
+
+    class Kind(models.TextChoices):
+        SEND_MESSAGES = "send_messages"
+        FAN_OUT = "fan_out"
+
+    kind = models.CharField(max_length=20, choices=Kind.choices)
+    payload = models.JSONField()
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.payload}"
+
+
+class EmailEvent(models.Model):
+    """Something that happened to a sent message: delivery, bounce, complaint, open, click."""
+
+    class Kind(models.TextChoices):
+        DELIVERED = "delivered"
+        BOUNCED = "bounced"
+        COMPLAINED = "complained"
+        OPENED = "opened"
+        CLICKED = "clicked"
+        UNSUBSCRIBED = "unsubscribed"
+
+    message = models.ForeignKey(
+        Message, null=True, blank=True, on_delete=models.CASCADE, related_name="events"
+    )
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    provider = models.CharField(max_length=20, blank=True, default="")
+    # The provider's own event id; with the provider it makes a replayed webhook a no-op.
+    provider_event_id = models.CharField(max_length=255, null=True, blank=True)
+    occurred_at = models.DateTimeField()
+    payload = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["provider", "provider_event_id"],
+                name="uniq_provider_event",
+                condition=models.Q(provider_event_id__isnull=False),
+            )
+        ]

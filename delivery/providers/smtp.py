@@ -1,0 +1,163 @@
+"""SMTP: one persistent connection per worker process, many messages per connection.
+
+Reply codes (RFC 5321 §4.2.1): 4yz is transient, 5yz permanent. A dropped connection is
+reopened once for the message that found it dropped; a second failure marks the provider
+unavailable for the rest of the batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import smtplib
+import socket
+from collections.abc import Sequence
+from email.message import EmailMessage
+from email.policy import SMTP as SMTP_POLICY
+from email.utils import format_datetime, make_msgid
+from datetime import datetime, timezone
+
+from delivery.exceptions import ProviderUnavailable
+from delivery.providers.base import OutgoingEmail, Provider, SendResult
+
+logger = logging.getLogger(__name__)
+
+_CONNECTION_ERRORS = (smtplib.SMTPServerDisconnected, ConnectionError, socket.timeout, OSError)
+
+
+def build_mime(email: OutgoingEmail, *, message_id_domain: str) -> tuple[str, EmailMessage]:
+    """A multipart/alternative message (text, then HTML) with each required header exactly once."""
+    message = EmailMessage(policy=SMTP_POLICY)
+    message_id = make_msgid(idstring=str(email.message_id), domain=message_id_domain)
+    message["Message-ID"] = message_id
+    message["Date"] = format_datetime(datetime.now(timezone.utc))
+    message["From"] = email.from_email
+    message["To"] = email.to
+    message["Subject"] = email.subject
+    if email.reply_to:
+        message["Reply-To"] = email.reply_to
+    message["X-Emailhub-Message"] = str(email.message_id)
+    for name, value in email.headers.items():
+        message[name] = value
+    message.set_content(email.text or _html_to_text_fallback(email.html))
+    if email.html:
+        message.add_alternative(email.html, subtype="html")
+    return message_id, message
+
+
+def _html_to_text_fallback(html: str) -> str:
+    return "This message is best viewed in an HTML mail client." if html else ""
+
+
+class SMTPProvider(Provider):
+    name = "smtp"
+
+    def __init__(
+        self,
+        *,
+        host: str,
+        port: int,
+        username: str = "",
+        password: str = "",
+        starttls: bool = False,
+        timeout: float = 10.0,
+        message_id_domain: str = "emailhub.local",
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.username = username
+        self.password = password
+        self.starttls = starttls
+        self.timeout = timeout
+        self.message_id_domain = message_id_domain
+        self._connection: smtplib.SMTP | None = None
+
+    def _connect(self) -> smtplib.SMTP:
+        if self._connection is None:
+            try:
+                connection = smtplib.SMTP(self.host, self.port, timeout=self.timeout)
+                if self.starttls:
+                    connection.starttls()
+                if self.username:
+                    connection.login(self.username, self.password)
+            except smtplib.SMTPAuthenticationError as exc:
+                raise ProviderUnavailable(f"SMTP login refused by {self.host}:{self.port}: {exc}") from exc
+            except (*_CONNECTION_ERRORS, smtplib.SMTPException) as exc:
+                raise ProviderUnavailable(f"cannot connect to SMTP {self.host}:{self.port}: {exc}") from exc
+            self._connection = connection
+        return self._connection
+
+    def close(self) -> None:
+        if self._connection is not None:
+            try:
+                self._connection.quit()
+            except Exception:  # noqa: BLE001 - closing a dead connection must not fail shutdown
+                self._connection.close()
+            self._connection = None
+
+    def _drop(self) -> None:
+        if self._connection is not None:
+            try:
+                self._connection.close()
+            finally:
+                self._connection = None
+
+    def send_batch(self, emails: Sequence[OutgoingEmail]) -> list[SendResult]:
+        results: list[SendResult] = []
+        for email in emails:
+            try:
+                results.append(self._send_one(email))
+            except ProviderUnavailable:
+                if not results:
+                    raise  # nothing went out: the whole batch may move to another provider
+                # Part of the batch went out; the rest is reported transient so it is retried.
+                results.extend(
+                    SendResult.transient(f"SMTP {self.host}:{self.port} became unavailable")
+                    for _ in emails[len(results) :]
+                )
+                break
+        return results
+
+    def _send_one(self, email: OutgoingEmail) -> SendResult:
+        message_id, mime = build_mime(email, message_id_domain=self.message_id_domain)
+        for attempt in (1, 2):
+            connection = self._connect()
+            try:
+                refused = connection.send_message(mime, from_addr=_bare(email.from_email), to_addrs=[email.to])
+            except smtplib.SMTPRecipientsRefused as exc:
+                code, reply = next(iter(exc.recipients.values()))
+                return _result_for_code(code, reply, "recipient refused")
+            except smtplib.SMTPResponseException as exc:
+                # SMTPSenderRefused and SMTPDataError are both response exceptions.
+                if exc.smtp_code == 421 or exc.smtp_code == -1:
+                    self._drop()  # 421: the server is closing the connection
+                    if attempt == 1:
+                        continue
+                    raise ProviderUnavailable(f"SMTP {exc.smtp_code}: {_decode(exc.smtp_error)}") from exc
+                return _result_for_code(exc.smtp_code, exc.smtp_error, "message refused")
+            except _CONNECTION_ERRORS as exc:
+                self._drop()
+                if attempt == 1:
+                    continue  # the persistent connection went stale: reconnect once
+                raise ProviderUnavailable(f"SMTP connection lost: {exc}") from exc
+            if refused:
+                code, reply = refused[email.to]
+                return _result_for_code(code, reply, "recipient refused")
+            return SendResult.accepted(message_id.strip("<>"))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _bare(address: str) -> str:
+    from email.utils import parseaddr
+
+    return parseaddr(address)[1] or address
+
+
+def _decode(reply: bytes | str) -> str:
+    return reply.decode("utf-8", "replace") if isinstance(reply, bytes) else str(reply)
+
+
+def _result_for_code(code: int, reply: bytes | str, what: str) -> SendResult:
+    error = f"SMTP {code} {what}: {_decode(reply)}"
+    if 500 <= code < 600:
+        return SendResult.permanent(error)
+    return SendResult.transient(error)

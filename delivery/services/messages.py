@@ -1,0 +1,89 @@
+"""Accepting transactional messages from the API."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from campaigns.models import Template
+from delivery.exceptions import IdempotencyConflict
+from delivery.models import ApiKey, Message, MessageStatus
+from delivery.services import outbox
+
+
+@dataclass(frozen=True)
+class NewMessage:
+    to: str
+    priority: str
+    from_email: str | None = None
+    reply_to: str | None = None
+    subject: str | None = None
+    html: str | None = None
+    text: str | None = None
+    template: Template | None = None
+    context: dict[str, Any] | None = None
+    send_at: datetime | None = None
+
+
+def request_fingerprint(body: Any) -> str:
+    """A stable hash of a request body, to tell a retried request from a different one."""
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def accept_message(
+    new: NewMessage,
+    *,
+    api_key: ApiKey | None,
+    idempotency_key: str | None = None,
+    fingerprint: str | None = None,
+) -> tuple[Message, bool]:
+    """Store a message durably and hand it to its priority queue after commit.
+
+    Returns (message, created). With an idempotency key already used by this API key, the
+    earlier message is returned and nothing new is sent; a different body under the same key
+    raises IdempotencyConflict. Concurrent requests with one key serialise on the unique index:
+    the losers wait for the winner's commit, then read its row.
+    """
+    now = timezone.now()
+    scheduled = new.send_at is not None and new.send_at > now
+    message = Message(
+        api_key=api_key,
+        to_email=new.to,
+        from_email=new.from_email or settings.EMAILHUB_DEFAULT_FROM,
+        reply_to=new.reply_to,
+        subject=new.subject,
+        html=new.html,
+        text=new.text,
+        template=new.template,
+        context=new.context or None,
+        priority=new.priority,
+        status=MessageStatus.SCHEDULED if scheduled else MessageStatus.QUEUED,
+        due_at=new.send_at if scheduled else None,
+        queued_at=None if scheduled else now,
+        idempotency_key=idempotency_key,
+        request_fingerprint=fingerprint if idempotency_key else None,
+    )
+    with transaction.atomic():
+        try:
+            with transaction.atomic():
+                message.save(force_insert=True)
+        except IntegrityError:
+            if not idempotency_key:
+                raise
+            existing = Message.objects.get(api_key=api_key, idempotency_key=idempotency_key)
+            if existing.request_fingerprint != fingerprint:
+                raise IdempotencyConflict(
+                    "this Idempotency-Key was already used with a different request body"
+                ) from None
+            return existing, False
+        if not scheduled:
+            outbox.record_send([message.pk], message.priority)
+    return message, True

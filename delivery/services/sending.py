@@ -1,0 +1,278 @@
+"""Sending a batch of messages: claim, render, deliver through the provider chain, record.
+
+Every step is set-based: one UPDATE … RETURNING claims the whole batch (rows another worker
+already claimed or finished are simply not returned, which is what makes a redelivered task
+harmless), one query checks suppressions, and one UPDATE per outcome records the results.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from campaigns.models import Contact, Priority, Suppression, Template
+from campaigns.services import compile_template, contact_context, suppressed_addresses
+from campaigns.templating import EmailTemplate
+from delivery.exceptions import ProviderConfigurationError, ProviderUnavailable
+from delivery.models import MessageStatus
+from delivery.providers import Outcome, OutgoingEmail, get_provider
+
+logger = logging.getLogger(__name__)
+
+TRANSACTIONAL = "transactional"
+BULK = "bulk"
+
+
+def pool_for(priority: str) -> str:
+    return TRANSACTIONAL if priority in (Priority.CRITICAL, Priority.HIGH) else BULK
+
+
+def provider_chain(pool: str) -> list[str]:
+    if pool == TRANSACTIONAL:
+        return list(settings.EMAILHUB_PROVIDERS_TRANSACTIONAL)
+    return list(settings.EMAILHUB_PROVIDERS_BULK)
+
+
+_CLAIM_SQL = """
+UPDATE delivery_message
+   SET status = 'sending', attempts = attempts + 1, claimed_at = clock_timestamp()
+ WHERE id = ANY(%s) AND status = 'queued'
+RETURNING id, campaign_id, contact_id, template_id, to_email, from_email, reply_to,
+          subject, html, text, context, priority, attempts
+"""
+
+_CLAIM_COLUMNS = (
+    "id", "campaign_id", "contact_id", "template_id", "to_email", "from_email", "reply_to",
+    "subject", "html", "text", "context", "priority", "attempts",
+)  # fmt: skip
+
+
+@dataclass
+class ClaimedMessage:
+    id: int
+    campaign_id: int | None
+    contact_id: int | None
+    template_id: int | None
+    to_email: str
+    from_email: str | None
+    reply_to: str | None
+    subject: str | None
+    html: str | None
+    text: str | None
+    context: Any
+    priority: str
+    attempts: int
+
+
+@dataclass
+class BatchReport:
+    claimed: int = 0
+    sent: int = 0
+    failed: int = 0
+    suppressed: int = 0
+    retrying: int = 0
+
+
+def claim(message_ids: Sequence[int]) -> list[ClaimedMessage]:
+    with connection.cursor() as cursor:
+        cursor.execute(_CLAIM_SQL, [list(message_ids)])
+        rows = cursor.fetchall()
+    claimed = [ClaimedMessage(**dict(zip(_CLAIM_COLUMNS, row, strict=True))) for row in rows]
+    for message in claimed:
+        if isinstance(message.context, str):  # raw SQL hands back jsonb as text
+            message.context = json.loads(message.context)
+    return claimed
+
+
+def send_messages(message_ids: Sequence[int]) -> BatchReport:
+    """Send the given messages that are still `queued`; anything else is left alone."""
+    report = BatchReport()
+    claimed = claim(message_ids)
+    report.claimed = len(claimed)
+    if not claimed:
+        return report
+
+    blocked = suppressed_addresses([m.to_email for m in claimed])
+    if blocked:
+        suppressed = [m for m in claimed if m.to_email.lower() in blocked]
+        _record_final(
+            [m.id for m in suppressed],
+            MessageStatus.SUPPRESSED,
+            ["address is on the suppression list"] * len(suppressed),
+        )
+        report.suppressed = len(suppressed)
+        claimed = [m for m in claimed if m.to_email.lower() not in blocked]
+
+    emails = _render(claimed)
+    by_id = {m.id: m for m in claimed}
+    chain = provider_chain(pool_for(claimed[0].priority)) if claimed else []
+    pending: list[OutgoingEmail] = list(emails)
+    last_error: dict[int, str] = {}
+
+    for provider_name in chain:
+        if not pending:
+            break
+        provider = get_provider(provider_name)
+        try:
+            results = provider.send_batch(pending)
+        except ProviderUnavailable as exc:
+            logger.warning("provider %s unavailable for %d message(s): %s", provider_name, len(pending), exc)
+            for email in pending:
+                last_error[email.message_id] = f"{provider_name}: {exc}"
+            continue
+        still_pending: list[OutgoingEmail] = []
+        sent: list[tuple[int, str | None]] = []
+        permanent: list[tuple[int, str]] = []
+        for email, result in zip(pending, results, strict=True):
+            if result.outcome is Outcome.ACCEPTED:
+                sent.append((email.message_id, result.provider_message_id))
+            elif result.outcome is Outcome.PERMANENT:
+                permanent.append((email.message_id, f"{provider_name}: {result.error}"))
+            else:
+                last_error[email.message_id] = f"{provider_name}: {result.error}"
+                still_pending.append(email)
+        _record_sent(provider_name, sent)
+        _record_permanent(permanent, {m.id: m.to_email for m in claimed})
+        report.sent += len(sent)
+        report.failed += len(permanent)
+        pending = still_pending
+
+    if pending:
+        retrying, failed = _schedule_retries([by_id[e.message_id] for e in pending], last_error)
+        report.retrying += retrying
+        report.failed += failed
+    return report
+
+
+def _render(messages: Iterable[ClaimedMessage]) -> list[OutgoingEmail]:
+    messages = list(messages)
+    template_ids = {m.template_id for m in messages if m.template_id}
+    compiled: dict[int, EmailTemplate] = {
+        t.pk: compile_template(t) for t in Template.objects.filter(pk__in=template_ids)
+    }
+    contact_ids = {m.contact_id for m in messages if m.contact_id}
+    contacts = Contact.objects.in_bulk(contact_ids) if contact_ids else {}
+    default_from = settings.EMAILHUB_DEFAULT_FROM
+    emails = []
+    for m in messages:
+        if m.template_id:
+            context = contact_context(contacts.get(m.contact_id) if m.contact_id else None, m.context)
+            context.setdefault("email", m.to_email)
+            rendered = compiled[m.template_id].render(context)
+            subject, html, text = rendered.subject, rendered.html, rendered.text
+        else:
+            subject, html, text = m.subject or "", m.html or "", m.text or ""
+        emails.append(
+            OutgoingEmail(
+                message_id=m.id,
+                to=m.to_email,
+                from_email=m.from_email or default_from,
+                subject=subject,
+                text=text,
+                html=html,
+                reply_to=m.reply_to,
+            )
+        )
+    return emails
+
+
+def _record_sent(provider_name: str, sent: list[tuple[int, str | None]]) -> None:
+    if not sent:
+        return
+    ids, provider_ids = zip(*sent, strict=True)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            UPDATE delivery_message AS m
+               SET status = 'sent', sent_at = clock_timestamp(), provider = %s,
+                   provider_message_id = v.provider_message_id, last_error = NULL
+              FROM unnest(%s::bigint[], %s::text[]) AS v(id, provider_message_id)
+             WHERE m.id = v.id AND m.status = 'sending'
+            """,
+            [provider_name, list(ids), list(provider_ids)],
+        )
+
+
+def _record_final(ids: list[int], status: str, errors: list[str]) -> None:
+    if not ids:
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            UPDATE delivery_message AS m
+               SET status = %s, last_error = v.error
+              FROM unnest(%s::bigint[], %s::text[]) AS v(id, error)
+             WHERE m.id = v.id AND m.status = 'sending'
+            """,
+            [status, ids, errors],
+        )
+
+
+def _record_permanent(permanent: list[tuple[int, str]], addresses: dict[int, str]) -> None:
+    """A permanent refusal fails the message and suppresses the address for every later send."""
+    if not permanent:
+        return
+    with transaction.atomic():
+        _record_final([i for i, _ in permanent], MessageStatus.FAILED, [e for _, e in permanent])
+        Suppression.objects.bulk_create(
+            [
+                Suppression(email=addresses[i].lower(), reason=Suppression.Reason.BOUNCED, detail=e[:2000])
+                for i, e in permanent
+            ],
+            ignore_conflicts=True,
+        )
+
+
+def retry_delay(attempt: int) -> timedelta:
+    """Exponential backoff with full jitter (AWS architecture blog, "Exponential Backoff And Jitter")."""
+    ceiling = min(
+        settings.EMAILHUB_RETRY_MAX_SECONDS,
+        settings.EMAILHUB_RETRY_BASE_SECONDS * (2 ** max(attempt - 1, 0)),
+    )
+    return timedelta(seconds=random.uniform(ceiling / 2, ceiling))
+
+
+def _schedule_retries(messages: list[ClaimedMessage], errors: dict[int, str]) -> tuple[int, int]:
+    """Transient failure on every provider: wait in retry_wait, or fail after the last attempt."""
+    now = timezone.now()
+    retry: list[tuple[int, datetime, str]] = []
+    final: list[tuple[int, str]] = []
+    for m in messages:
+        error = errors.get(m.id, "no provider accepted the message")
+        if m.attempts >= settings.EMAILHUB_MAX_ATTEMPTS:
+            final.append((m.id, f"gave up after {m.attempts} attempts; last error: {error}"))
+        else:
+            retry.append((m.id, now + retry_delay(m.attempts), error))
+    if retry:
+        ids, due, errs = zip(*retry, strict=True)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                """
+                UPDATE delivery_message AS m
+                   SET status = 'retry_wait', due_at = v.due_at, last_error = v.error
+                  FROM unnest(%s::bigint[], %s::timestamptz[], %s::text[]) AS v(id, due_at, error)
+                 WHERE m.id = v.id AND m.status = 'sending'
+                """,
+                [list(ids), list(due), list(errs)],
+            )
+    _record_final([i for i, _ in final], MessageStatus.FAILED, [e for _, e in final])
+    return len(retry), len(final)
+
+
+def check_provider_settings() -> None:
+    """Build every configured provider once, so a bad setting fails at worker start-up."""
+    for pool in (TRANSACTIONAL, BULK):
+        chain = provider_chain(pool)
+        if not chain:
+            raise ProviderConfigurationError(f"no provider configured for the {pool} pool")
+        for name in chain:
+            get_provider(name)

@@ -1,0 +1,81 @@
+"""Periodic sweeps over PostgreSQL: due messages to their queues, and dead workers' claims back.
+
+Until the Redis sorted-set scheduler lands, `run_scheduler` calls dispatch_due_messages in a
+tight loop; it claims with FOR UPDATE SKIP LOCKED so several schedulers never dispatch one
+message twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+
+from django.conf import settings
+from django.db import connection, transaction
+
+from delivery.services import outbox
+
+logger = logging.getLogger(__name__)
+
+
+def batch_size(priority: str) -> int:
+    return int(settings.EMAILHUB_BATCH_SIZES[priority])
+
+
+def _publish_grouped(rows: list[tuple[int, str]]) -> None:
+    by_priority: dict[str, list[int]] = defaultdict(list)
+    for message_id, priority in rows:
+        by_priority[priority].append(message_id)
+    for priority, ids in by_priority.items():
+        size = batch_size(priority)
+        for start in range(0, len(ids), size):
+            outbox.record_send(ids[start : start + size], priority)
+
+
+def dispatch_due_messages(limit: int = 1000) -> int:
+    """Move scheduled and retry_wait messages whose due_at has passed to their queues."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            """
+            WITH due AS (
+                SELECT id FROM delivery_message
+                 WHERE status IN ('scheduled', 'retry_wait') AND due_at <= clock_timestamp()
+                 ORDER BY due_at
+                 LIMIT %s
+                 FOR UPDATE SKIP LOCKED
+            )
+            UPDATE delivery_message AS m
+               SET status = 'queued', queued_at = clock_timestamp()
+              FROM due
+             WHERE m.id = due.id
+            RETURNING m.id, m.priority
+            """,
+            [limit],
+        )
+        rows = cursor.fetchall()
+        _publish_grouped(rows)
+    return len(rows)
+
+
+def requeue_stale_sending() -> int:
+    """Give back messages whose worker died mid-send (claimed longer ago than the lease).
+
+    Such a message may or may not have reached the provider before the crash; this is the one
+    case in which emailhub can send twice, and it is documented as such.
+    """
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            """
+            UPDATE delivery_message
+               SET status = 'queued', queued_at = clock_timestamp()
+             WHERE status = 'sending'
+               AND claimed_at < clock_timestamp() - make_interval(secs => %s)
+            RETURNING id, priority
+            """,
+            [settings.EMAILHUB_SENDING_LEASE_SECONDS],
+        )
+        rows = cursor.fetchall()
+        _publish_grouped(rows)
+    if rows:
+        logger.warning("requeued %d message(s) left in `sending` by a dead worker", len(rows))
+    return len(rows)

@@ -1,0 +1,41 @@
+"""Celery tasks: thin adapters that take ids and call one service."""
+
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+from celery.signals import worker_process_init, worker_process_shutdown
+
+from delivery.providers import close_all
+from delivery.services import outbox, sweeps
+from delivery.services.sending import send_messages as send_messages_service
+
+logger = logging.getLogger(__name__)
+
+
+@shared_task(name="delivery.send_messages", acks_late=True)
+def send_messages(message_ids: list[int]) -> dict[str, int]:
+    report = send_messages_service(message_ids)
+    return vars(report)
+
+
+@shared_task(name="delivery.relay_outbox", ignore_result=True)
+def relay_outbox() -> int:
+    return outbox.relay()
+
+
+@shared_task(name="delivery.requeue_stale_sending", ignore_result=True)
+def requeue_stale_sending() -> int:
+    return sweeps.requeue_stale_sending()
+
+
+@worker_process_init.connect
+def _fresh_connections(**_: object) -> None:
+    # A forked child must not share its parent's provider sockets.
+    close_all()
+
+
+@worker_process_shutdown.connect
+def _close_connections(**_: object) -> None:
+    close_all()

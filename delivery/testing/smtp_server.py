@@ -1,0 +1,119 @@
+"""An aiosmtpd server on loopback that records what it receives and can be told to misbehave.
+
+Used by the tests (inspect messages, answer 421/451/550, drop connections) and by the demo as
+its SMTP sink. It runs in a background thread; use it as a context manager so it always stops.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from email import message_from_bytes, policy
+from email.message import EmailMessage
+from typing import Any
+
+from aiosmtpd.controller import Controller
+
+
+@dataclass
+class ReceivedMessage:
+    mail_from: str
+    rcpt_tos: list[str]
+    data: bytes
+    received_at: float = field(default_factory=time.time)
+
+    def parsed(self) -> EmailMessage:
+        return message_from_bytes(self.data, policy=policy.default)  # type: ignore[return-value]
+
+
+class _Handler:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.messages: list[ReceivedMessage] = []
+        self.recipient_replies: dict[str, str] = {}
+        self.reply_to_all: str | None = None
+        self.drop_connections = 0
+
+    async def handle_MAIL(self, server: Any, session: Any, envelope: Any, address: str, options: Any) -> str:
+        with self.lock:
+            if self.drop_connections > 0:
+                self.drop_connections -= 1
+                session.transport.close()
+                return "421 closing"
+        envelope.mail_from = address
+        return "250 OK"
+
+    async def handle_RCPT(self, server: Any, session: Any, envelope: Any, address: str, options: Any) -> str:
+        with self.lock:
+            reply = self.recipient_replies.get(address.lower()) or self.reply_to_all
+        if reply:
+            return reply
+        envelope.rcpt_tos.append(address)
+        return "250 OK"
+
+    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+        received = ReceivedMessage(envelope.mail_from, list(envelope.rcpt_tos), envelope.content)
+        with self.lock:
+            self.messages.append(received)
+        return "250 Message accepted for delivery"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+class SMTPTestServer:
+    def __init__(self, host: str = "127.0.0.1", port: int | None = None) -> None:
+        self.host = host
+        self.port = port or free_port(host)
+        self.handler = _Handler()
+        self._controller = Controller(self.handler, hostname=host, port=self.port)
+
+    def __enter__(self) -> SMTPTestServer:
+        self._controller.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._controller.stop()
+
+    @property
+    def messages(self) -> list[ReceivedMessage]:
+        with self.handler.lock:
+            return list(self.handler.messages)
+
+    @property
+    def count(self) -> int:
+        with self.handler.lock:
+            return len(self.handler.messages)
+
+    def clear(self) -> None:
+        with self.handler.lock:
+            self.handler.messages.clear()
+            self.handler.recipient_replies.clear()
+            self.handler.reply_to_all = None
+            self.handler.drop_connections = 0
+
+    def reply_for(self, address: str, reply: str) -> None:
+        """Answer RCPT TO for this address with e.g. ``"550 5.1.1 no such user"``."""
+        with self.handler.lock:
+            self.handler.recipient_replies[address.lower()] = reply
+
+    def reply_to_everyone(self, reply: str | None) -> None:
+        with self.handler.lock:
+            self.handler.reply_to_all = reply
+
+    def drop_next_connections(self, count: int) -> None:
+        with self.handler.lock:
+            self.handler.drop_connections = count
+
+    def wait_for(self, count: int, timeout: float = 10.0) -> list[ReceivedMessage]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.count >= count:
+                return self.messages
+            time.sleep(0.02)
+        raise TimeoutError(f"SMTP server got {self.count} message(s), expected {count}")

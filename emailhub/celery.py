@@ -1,0 +1,24 @@
+"""The Celery app. Queues, routing and worker defaults live here and in settings (CELERY_*)."""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+from kombu import Exchange, Queue
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "emailhub.settings")
+
+app = Celery("emailhub")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+
+# One queue per priority plus `campaigns` for fan-out work and `system` for the periodic
+# housekeeping (outbox relay, due sweep). The transactional pool consumes critical,high,system;
+# the bulk pool normal,low,campaigns. A critical message never waits behind a bulk one because
+# no process that takes bulk work ever takes critical work.
+PRIORITY_QUEUES = ("critical", "high", "normal", "low")
+app.conf.task_queues = [
+    Queue(name, Exchange(name, type="direct"), routing_key=name)
+    for name in (*PRIORITY_QUEUES, "campaigns", "system")
+]
+app.autodiscover_tasks()

@@ -1,0 +1,173 @@
+"""Django settings for emailhub. Every value comes from the environment (see README, "Settings")."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from emailhub.env import (
+    env_bool,
+    env_database_url,
+    env_float,
+    env_int,
+    env_list,
+    env_redis_url,
+    env_str,
+)
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+DEBUG = env_bool("EMAILHUB_DEBUG", False)
+SECRET_KEY = env_str("EMAILHUB_SECRET_KEY", "dev-only-insecure-secret-key-change-me")
+ALLOWED_HOSTS = env_list("EMAILHUB_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "django_celery_beat",
+    "campaigns",
+    "delivery",
+    "scheduling",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "emailhub.urls"
+WSGI_APPLICATION = "emailhub.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {
+    "default": {
+        **env_database_url("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/emailhub"),
+        # Workers and the web process hold a connection for their lifetime instead of one per task.
+        "CONN_MAX_AGE": env_int("DATABASE_CONN_MAX_AGE", 60, minimum=0),
+        "CONN_HEALTH_CHECKS": True,
+        "TEST": {"NAME": env_str("DATABASE_TEST_NAME", "test_emailhub")},
+    }
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+USE_TZ = True
+TIME_ZONE = "UTC"
+LANGUAGE_CODE = "en-us"
+USE_I18N = False
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+
+# --- Redis and Celery -------------------------------------------------------------------------
+
+REDIS_URL = env_redis_url("REDIS_URL", "redis://127.0.0.1:6379/0")
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL)
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+# A task is acknowledged after it ran, so a worker killed mid-task gives the task back. Every task
+# starts with a conditional claim in PostgreSQL, which makes the redelivery harmless.
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_DEFAULT_QUEUE = "normal"
+# Redis redelivers a task that was taken but not acknowledged within visibility_timeout. Our
+# longest task (a batch of 500 low-priority sends) takes seconds, so 300 s is far above it and
+# still brings back the tasks of a killed worker within five minutes. We never use a Celery
+# countdown/ETA (they would be redelivered after this timeout); retries wait in PostgreSQL instead.
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT", 300, minimum=30),
+    # Publishing from the web process must not hang a request when Redis is away: the outbox
+    # relay publishes whatever the request could not.
+    "socket_connect_timeout": 2,
+    "socket_timeout": 5,
+}
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+
+# --- emailhub ---------------------------------------------------------------------------------
+
+EMAILHUB_DEFAULT_FROM = env_str("EMAILHUB_DEFAULT_FROM", "emailhub <no-reply@emailhub.local>")
+EMAILHUB_MESSAGE_ID_DOMAIN = env_str("EMAILHUB_MESSAGE_ID_DOMAIN", "emailhub.local")
+# Attempts before a message that keeps failing transiently becomes `failed`.
+EMAILHUB_MAX_ATTEMPTS = env_int("EMAILHUB_MAX_ATTEMPTS", 8, minimum=1)
+# Retry backoff: base * 2**(attempt-1), capped, with full jitter.
+EMAILHUB_RETRY_BASE_SECONDS = env_float("EMAILHUB_RETRY_BASE_SECONDS", 30.0, minimum=0.0)
+EMAILHUB_RETRY_MAX_SECONDS = env_float("EMAILHUB_RETRY_MAX_SECONDS", 3600.0, minimum=0.0)
+# Outbox rows older than this that were not published on commit are published by the relay.
+EMAILHUB_OUTBOX_GRACE_SECONDS = env_float("EMAILHUB_OUTBOX_GRACE_SECONDS", 2.0, minimum=0.0)
+# A message stuck in `sending` this long (its worker died) is given back to the queue.
+EMAILHUB_SENDING_LEASE_SECONDS = env_int("EMAILHUB_SENDING_LEASE_SECONDS", 600, minimum=10)
+
+PROVIDER_NAMES = {"smtp", "locmem"}
+EMAILHUB_PROVIDERS_TRANSACTIONAL = env_list(
+    "EMAILHUB_PROVIDERS_TRANSACTIONAL", ["smtp"], allowed=PROVIDER_NAMES
+)
+EMAILHUB_PROVIDERS_BULK = env_list("EMAILHUB_PROVIDERS_BULK", ["smtp"], allowed=PROVIDER_NAMES)
+
+SMTP_HOST = env_str("SMTP_HOST", "127.0.0.1")
+SMTP_PORT = env_int("SMTP_PORT", 1025, minimum=1)
+SMTP_USERNAME = env_str("SMTP_USERNAME", "")
+SMTP_PASSWORD = env_str("SMTP_PASSWORD", "")
+SMTP_STARTTLS = env_bool("SMTP_STARTTLS", False)
+SMTP_TIMEOUT = env_float("SMTP_TIMEOUT", 10.0, minimum=0.1)
+
+# --- REST API ---------------------------------------------------------------------------------
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["delivery.authentication.ApiKeyAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["delivery.authentication.HasApiKey"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "UNAUTHENTICATED_USER": None,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "emailhub API",
+    "VERSION": "1.0.0",
+    "DESCRIPTION": "Transactional and campaign email with priorities, scheduling and failover.",
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("EMAILHUB_LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}
+
+# Messages per send task, by priority (the source design's figures): a critical message is
+# never held back waiting for a batch to fill, a low one amortises the claim and record queries.
+EMAILHUB_BATCH_SIZES = {
+    "critical": env_int("EMAILHUB_BATCH_SIZE_CRITICAL", 1, minimum=1),
+    "high": env_int("EMAILHUB_BATCH_SIZE_HIGH", 10, minimum=1),
+    "normal": env_int("EMAILHUB_BATCH_SIZE_NORMAL", 100, minimum=1),
+    "low": env_int("EMAILHUB_BATCH_SIZE_LOW", 500, minimum=1),
+}
