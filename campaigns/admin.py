@@ -48,7 +48,23 @@ class TemplateAdmin(admin.ModelAdmin):
 
 @admin.register(Campaign)
 class CampaignAdmin(admin.ModelAdmin):
-    list_display = ("name", "status", "priority", "schedule_type", "scheduled_at", "total_count", "created_at")
+    list_display = (
+        "name",
+        "status",
+        "priority",
+        "schedule_type",
+        "scheduled_at",
+        "total_count",
+        "created_at",
+    )
     list_filter = ("status", "priority", "schedule_type")
     search_fields = ("name",)
-    readonly_fields = ("created_at", "updated_at", "started_at", "completed_at", "fanout_cursor", "fanout_done", "total_count")
+    readonly_fields = (
+        "created_at",
+        "updated_at",
+        "started_at",
+        "completed_at",
+        "fanout_cursor",
+        "fanout_done",
+        "total_count",
+    )

@@ -66,6 +66,9 @@ class ListMembership(models.Model):
             models.UniqueConstraint(fields=["contact_list", "contact"], name="uniq_list_contact"),
         ]
 
+    def __str__(self) -> str:
+        return f"{self.contact_id} in {self.contact_list_id}"
+
 
 class Suppression(models.Model):
     """An address that must not be mailed. Checked at fan-out (anti-join) and before every send."""
@@ -130,9 +133,7 @@ class Campaign(models.Model):
 
     name = models.CharField(max_length=200)
     template = models.ForeignKey(Template, on_delete=models.PROTECT, related_name="campaigns")
-    contact_list = models.ForeignKey(
-        ContactList, on_delete=models.PROTECT, related_name="campaigns"
-    )
+    contact_list = models.ForeignKey(ContactList, on_delete=models.PROTECT, related_name="campaigns")
     from_email = models.CharField(max_length=254, blank=True, default="")
     priority = models.CharField(max_length=8, choices=Priority.choices, default=Priority.NORMAL)
     status = models.CharField(max_length=12, choices=Status.choices, default=Status.DRAFT)

@@ -52,14 +52,10 @@ class Message(models.Model):
     empty are nullable, and every column fan-out omits has a database default.
     """
 
-    campaign = models.ForeignKey(
-        Campaign, null=True, blank=True, on_delete=models.CASCADE, db_index=False
-    )
+    campaign = models.ForeignKey(Campaign, null=True, blank=True, on_delete=models.CASCADE, db_index=False)
     contact = models.ForeignKey(Contact, null=True, blank=True, on_delete=models.SET_NULL)
     template = models.ForeignKey(Template, null=True, blank=True, on_delete=models.PROTECT)
-    api_key = models.ForeignKey(
-        ApiKey, null=True, blank=True, on_delete=models.PROTECT, db_index=False
-    )
+    api_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.PROTECT, db_index=False)
 
     to_email = models.CharField(max_length=254, db_index=True)
     from_email = models.CharField(max_length=254, null=True, blank=True)
@@ -172,3 +168,6 @@ class EmailEvent(models.Model):
                 condition=models.Q(provider_event_id__isnull=False),
             )
         ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} of message {self.message_id}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from celery import Celery
+from celery.signals import beat_init
 from kombu import Exchange, Queue
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "emailhub.settings")
@@ -22,3 +23,10 @@ app.conf.task_queues = [
     for name in (*PRIORITY_QUEUES, "campaigns", "system")
 ]
 app.autodiscover_tasks()
+
+
+@beat_init.connect
+def _ensure_periodic_tasks(**_: object) -> None:
+    from emailhub.periodic import ensure_periodic_tasks
+
+    ensure_periodic_tasks()

@@ -106,6 +106,11 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     # relay publishes whatever the request could not.
     "socket_connect_timeout": 2,
     "socket_timeout": 5,
+    # kombu's default is to retry a failed publish connection for ~6 s; one quick retry is
+    # enough, since whatever could not be published waits in the outbox.
+    "max_retries": 1,
+    "interval_start": 0,
+    "interval_step": 0.2,
 }
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"

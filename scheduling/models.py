@@ -32,9 +32,7 @@ class RecurringSchedule(models.Model):
     class Meta:
         ordering = ["id"]
         indexes = [
-            models.Index(
-                fields=["next_run"], name="recurring_due_idx", condition=models.Q(active=True)
-            )
+            models.Index(fields=["next_run"], name="recurring_due_idx", condition=models.Q(active=True))
         ]
 
     def __str__(self) -> str:
@@ -44,16 +42,15 @@ class RecurringSchedule(models.Model):
 class ScheduleOccurrence(models.Model):
     """One fired occurrence. The unique pair is what keeps two beats from creating two campaigns."""
 
-    schedule = models.ForeignKey(
-        RecurringSchedule, on_delete=models.CASCADE, related_name="occurrences"
-    )
+    schedule = models.ForeignKey(RecurringSchedule, on_delete=models.CASCADE, related_name="occurrences")
     occurrence = models.DateTimeField()
     campaign = models.OneToOneField(Campaign, on_delete=models.CASCADE, related_name="occurrence")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(
-                fields=["schedule", "occurrence"], name="uniq_schedule_occurrence"
-            )
+            models.UniqueConstraint(fields=["schedule", "occurrence"], name="uniq_schedule_occurrence")
         ]
+
+    def __str__(self) -> str:
+        return f"{self.schedule_id} at {self.occurrence:%Y-%m-%d %H:%M %Z}"

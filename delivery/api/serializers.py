@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from email.utils import parseaddr
 from typing import Any
 
-from django.core.validators import validate_email
 from django.core.exceptions import ValidationError as DjangoValidationError
-from email.utils import parseaddr
+from django.core.validators import validate_email
 from rest_framework import serializers
 
 from campaigns.models import Priority, Template

@@ -66,5 +66,5 @@ class Provider(ABC):
         the whole batch can move to the next provider.
         """
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook; most providers hold nothing open
         """Release connections. Called when a worker process shuts down."""

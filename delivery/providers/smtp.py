@@ -11,10 +11,10 @@ import logging
 import smtplib
 import socket
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from email.message import EmailMessage
 from email.policy import SMTP as SMTP_POLICY
 from email.utils import format_datetime, make_msgid
-from datetime import datetime, timezone
 
 from delivery.exceptions import ProviderUnavailable
 from delivery.providers.base import OutgoingEmail, Provider, SendResult
@@ -29,7 +29,7 @@ def build_mime(email: OutgoingEmail, *, message_id_domain: str) -> tuple[str, Em
     message = EmailMessage(policy=SMTP_POLICY)
     message_id = make_msgid(idstring=str(email.message_id), domain=message_id_domain)
     message["Message-ID"] = message_id
-    message["Date"] = format_datetime(datetime.now(timezone.utc))
+    message["Date"] = format_datetime(datetime.now(UTC))
     message["From"] = email.from_email
     message["To"] = email.to
     message["Subject"] = email.subject
@@ -122,7 +122,9 @@ class SMTPProvider(Provider):
         for attempt in (1, 2):
             connection = self._connect()
             try:
-                refused = connection.send_message(mime, from_addr=_bare(email.from_email), to_addrs=[email.to])
+                refused = connection.send_message(
+                    mime, from_addr=_bare(email.from_email), to_addrs=[email.to]
+                )
             except smtplib.SMTPRecipientsRefused as exc:
                 code, reply = next(iter(exc.recipients.values()))
                 return _result_for_code(code, reply, "recipient refused")

@@ -40,7 +40,7 @@ class _Handler:
         with self.lock:
             if self.drop_connections > 0:
                 self.drop_connections -= 1
-                session.transport.close()
+                server.transport.close()
                 return "421 closing"
         envelope.mail_from = address
         return "250 OK"

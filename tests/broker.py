@@ -1,0 +1,43 @@
+"""Reading Celery messages straight out of the Redis broker, to see what was published."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import redis as redis_lib
+from kombu import pools
+
+
+def queued_tasks(client: redis_lib.Redis, queue: str) -> list[tuple[str, list[Any]]]:
+    """(task name, args) of every message waiting in `queue`, oldest first."""
+    tasks = []
+    for raw in reversed(client.lrange(queue, 0, -1)):  # kombu LPUSHes and BRPOPs
+        envelope = json.loads(raw)
+        body = json.loads(base64.b64decode(envelope["body"]))
+        tasks.append((envelope["headers"]["task"], body[0]))
+    return tasks
+
+
+@contextmanager
+def broker_unreachable() -> Iterator[None]:
+    """Point this process's Celery app at a port where nothing listens, then restore it."""
+    from emailhub.celery import app
+
+    def reset_pools() -> None:
+        # Celery caches its connection pool in kombu's global registry; drop both.
+        pools.reset()
+        app._pool = None
+        app.amqp._producer_pool = None
+
+    original = app.conf.broker_write_url
+    app.conf.broker_write_url = "redis://127.0.0.1:1/0"
+    reset_pools()
+    try:
+        yield
+    finally:
+        app.conf.broker_write_url = original
+        reset_pools()

@@ -1,0 +1,104 @@
+"""Fixtures over real services: PostgreSQL, Redis, an SMTP server and emailhub's own processes."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis as redis_lib
+from django.conf import settings
+from rest_framework.test import APIClient
+
+from delivery.authentication import create_api_key
+from delivery.models import ApiKey, Message
+from delivery.testing.smtp_server import SMTPTestServer, free_port
+from scripts.stack import Stack
+
+
+@pytest.fixture(scope="session")
+def smtp_server() -> Iterator[SMTPTestServer]:
+    with SMTPTestServer() as server:
+        yield server
+
+
+@pytest.fixture
+def smtp(smtp_server: SMTPTestServer, settings) -> Iterator[SMTPTestServer]:  # noqa: ANN001
+    """The session's SMTP server, emptied, with this process's SMTP provider pointed at it."""
+    from delivery.providers import close_all
+
+    smtp_server.clear()
+    settings.SMTP_PORT = smtp_server.port
+    close_all()
+    yield smtp_server
+    close_all()
+    smtp_server.clear()
+
+
+@pytest.fixture
+def redis() -> Iterator[redis_lib.Redis]:
+    client = redis_lib.Redis.from_url(settings.REDIS_URL)
+    client.flushdb()
+    yield client
+    client.flushdb()
+    client.close()
+
+
+@pytest.fixture
+def api_key(db) -> tuple[ApiKey, str]:  # noqa: ANN001
+    return create_api_key(f"test-{time.monotonic_ns()}")
+
+
+@pytest.fixture
+def api(api_key: tuple[ApiKey, str]) -> APIClient:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {api_key[1]}")
+    return client
+
+
+@pytest.fixture
+def stack(
+    transactional_db,
+    smtp: SMTPTestServer,
+    redis: redis_lib.Redis,
+    tmp_path: Path,  # noqa: ANN001
+) -> Iterator[Stack]:
+    """emailhub processes (started by the test) on the test database; all stopped afterwards."""
+    db = settings.DATABASES["default"]
+    env = {
+        "DJANGO_SETTINGS_MODULE": "emailhub.settings",
+        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "REDIS_URL": settings.REDIS_URL,
+        "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
+        "SMTP_PORT": str(smtp.port),
+        "EMAILHUB_OUTBOX_GRACE_SECONDS": str(settings.EMAILHUB_OUTBOX_GRACE_SECONDS),
+    }
+    stack = Stack(env=env, log_dir=tmp_path / "logs")
+    try:
+        yield stack
+    finally:
+        stack.stop_all()
+
+
+@pytest.fixture
+def web_port() -> int:
+    return free_port()
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 20.0, message: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+
+
+def wait_for_status(message_id: int, status: str, timeout: float = 20.0) -> Message:
+    wait_until(
+        lambda: Message.objects.filter(pk=message_id, status=status).exists(),
+        timeout,
+        f"message {message_id} to be {status} (is {Message.objects.filter(pk=message_id).values_list('status', flat=True).first()})",
+    )
+    return Message.objects.get(pk=message_id)

@@ -1,0 +1,88 @@
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import transaction
+from django.utils import timezone
+
+from delivery.models import Message, MessageStatus, OutboxEvent
+from delivery.services import outbox
+from delivery.services.sweeps import dispatch_due_messages, requeue_stale_sending
+from tests.broker import broker_unreachable, queued_tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_event_is_published_after_commit_and_then_deleted(redis) -> None:  # noqa: ANN001
+    with transaction.atomic():
+        outbox.record_send([1, 2], "high")
+        assert queued_tasks(redis, "high") == []  # nothing leaves before the commit
+    assert queued_tasks(redis, "high") == [("delivery.send_messages", [[1, 2]])]
+    assert OutboxEvent.objects.count() == 0
+
+
+def test_rolled_back_transaction_publishes_nothing(redis) -> None:  # noqa: ANN001
+    with pytest.raises(RuntimeError), transaction.atomic():
+        outbox.record_send([1], "critical")
+        raise RuntimeError("rollback")
+    assert queued_tasks(redis, "critical") == []
+    assert OutboxEvent.objects.count() == 0
+
+
+def test_unreachable_broker_leaves_the_row_for_the_relay(redis) -> None:  # noqa: ANN001
+    with broker_unreachable():
+        with transaction.atomic():
+            outbox.record_send([7], "critical")
+    assert OutboxEvent.objects.count() == 1
+    OutboxEvent.objects.update(created_at=timezone.now() - timedelta(seconds=10))
+    assert outbox.relay() == 1
+    assert queued_tasks(redis, "critical") == [("delivery.send_messages", [[7]])]
+    assert OutboxEvent.objects.count() == 0
+
+
+def test_relay_leaves_fresh_rows_to_the_on_commit_publisher(redis) -> None:  # noqa: ANN001
+    OutboxEvent.objects.create(kind="send_messages", payload={"ids": [1], "priority": "low"})
+    assert outbox.relay() == 0
+    assert OutboxEvent.objects.count() == 1
+
+
+def test_due_sweep_queues_due_messages_in_priority_batches(redis, settings) -> None:  # noqa: ANN001
+    settings.EMAILHUB_BATCH_SIZES = {**settings.EMAILHUB_BATCH_SIZES, "low": 2}
+    past = timezone.now() - timedelta(seconds=1)
+    due = [
+        Message.objects.create(to_email=f"u{n}@example.com", priority="low", status="scheduled", due_at=past)
+        for n in range(3)
+    ]
+    retry = Message.objects.create(
+        to_email="r@example.com", priority="critical", status="retry_wait", due_at=past
+    )
+    later = Message.objects.create(
+        to_email="l@example.com",
+        priority="low",
+        status="scheduled",
+        due_at=timezone.now() + timedelta(hours=1),
+    )
+    assert dispatch_due_messages() == 4
+    assert Message.objects.filter(status="queued").count() == 4
+    assert Message.objects.get(pk=later.pk).status == "scheduled"
+    low_batches = [args[0] for _, args in queued_tasks(redis, "low")]
+    assert sorted(id for batch in low_batches for id in batch) == sorted(m.pk for m in due)
+    assert all(len(batch) <= 2 for batch in low_batches)
+    assert queued_tasks(redis, "critical") == [("delivery.send_messages", [[retry.pk]])]
+    assert dispatch_due_messages() == 0
+
+
+def test_messages_left_sending_by_a_dead_worker_are_requeued(redis, settings) -> None:  # noqa: ANN001
+    settings.EMAILHUB_SENDING_LEASE_SECONDS = 60
+    stale = Message.objects.create(
+        to_email="a@example.com", priority="high", status=MessageStatus.SENDING,
+        claimed_at=timezone.now() - timedelta(seconds=120), attempts=1,
+    )  # fmt: skip
+    fresh = Message.objects.create(
+        to_email="b@example.com", priority="high", status=MessageStatus.SENDING, claimed_at=timezone.now()
+    )
+    assert requeue_stale_sending() == 1
+    assert Message.objects.get(pk=stale.pk).status == "queued"
+    assert Message.objects.get(pk=fresh.pk).status == "sending"
+    assert queued_tasks(redis, "high") == [("delivery.send_messages", [[stale.pk]])]

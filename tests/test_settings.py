@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from emailhub.env import env_bool, env_database_url, env_int, env_list
+
+
+def test_database_url_becomes_a_django_database(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("X_DB", "postgres://app:s%40cret@db.internal:6432/mail")
+    db = env_database_url("X_DB", "postgres://postgres@127.0.0.1/emailhub")
+    assert (db["USER"], db["PASSWORD"], db["HOST"], db["PORT"], db["NAME"]) == (
+        "app", "s@cret", "db.internal", "6432", "mail",
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("value", "fragment"),
+    [("mysql://root@localhost/x", "postgres://"), ("postgres://localhost", "name a database")],
+)
+def test_bad_database_url_names_the_setting(
+    monkeypatch: pytest.MonkeyPatch, value: str, fragment: str
+) -> None:
+    monkeypatch.setenv("X_DB", value)
+    with pytest.raises(ImproperlyConfigured, match="X_DB") as error:
+        env_database_url("X_DB", "postgres://postgres@127.0.0.1/emailhub")
+    assert fragment in str(error.value)
+
+
+def test_typed_helpers_reject_garbage_with_the_variable_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("X_INT", "ten")
+    monkeypatch.setenv("X_BOOL", "maybe")
+    monkeypatch.setenv("X_LIST", "smtp,carrier-pigeon")
+    with pytest.raises(ImproperlyConfigured, match="X_INT must be a whole number"):
+        env_int("X_INT", 1)
+    with pytest.raises(ImproperlyConfigured, match="X_BOOL"):
+        env_bool("X_BOOL", False)
+    with pytest.raises(ImproperlyConfigured, match="X_LIST has unknown value.*carrier-pigeon"):
+        env_list("X_LIST", [], allowed={"smtp", "ses"})
+
+
+def test_a_process_with_a_wrong_setting_fails_at_start_up_naming_it() -> None:
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "emailhub.settings", "SMTP_PORT": "twenty-five"}
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode != 0
+    assert "SMTP_PORT must be a whole number" in result.stderr
