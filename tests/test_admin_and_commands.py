@@ -1,0 +1,79 @@
+from __future__ import annotations
+
+import hashlib
+from io import StringIO
+
+import pytest
+from django.apps import apps
+from django.contrib import admin
+from django.core.management import CommandError, call_command
+from django.urls import reverse
+
+from campaigns.models import Campaign, ContactList, Template
+from delivery.models import ApiKey, Message
+
+OUR_APPS = ("campaigns", "delivery", "scheduling")
+
+
+def test_every_model_is_in_the_admin() -> None:
+    for app in OUR_APPS:
+        for model in apps.get_app_config(app).get_models():
+            assert admin.site.is_registered(model), model.__name__
+
+
+@pytest.mark.django_db
+def test_every_admin_changelist_and_add_page_renders(admin_client) -> None:  # noqa: ANN001
+    template = Template.objects.create(name="t", subject="s", text="x")
+    contact_list = ContactList.objects.create(name="l")
+    Campaign.objects.create(name="c", template=template, contact_list=contact_list)
+    Message.objects.create(to_email="a@example.com", subject="s", text="t", priority="high")
+    for app in OUR_APPS:
+        for model in apps.get_app_config(app).get_models():
+            meta = model._meta
+            url = reverse(f"admin:{meta.app_label}_{meta.model_name}_changelist")
+            assert admin_client.get(url).status_code == 200, url
+            assert admin_client.get(url, {"q": "a@example.com"}).status_code == 200, url
+
+
+@pytest.mark.django_db
+def test_message_admin_filters_by_status_and_priority(admin_client) -> None:  # noqa: ANN001
+    Message.objects.create(to_email="a@example.com", subject="s", text="t", priority="critical", status="sent")
+    Message.objects.create(to_email="b@example.com", subject="s", text="t", priority="low", status="queued")
+    url = reverse("admin:delivery_message_changelist")
+    page = admin_client.get(url, {"status__exact": "sent", "priority__exact": "critical"}).content.decode()
+    assert "a@example.com" in page and "b@example.com" not in page
+
+
+@pytest.mark.django_db
+def test_create_api_key_prints_the_key_once_and_stores_only_its_hash() -> None:
+    out = StringIO()
+    call_command("create_api_key", "billing", stdout=out)
+    raw = out.getvalue().strip()
+    key = ApiKey.objects.get(name="billing")
+    assert raw.startswith("eh_") and len(raw) > 40
+    assert key.key_hash == hashlib.sha256(raw.encode()).hexdigest()
+    assert raw not in str(ApiKey.objects.values_list(flat=False))
+
+
+@pytest.mark.django_db
+def test_create_api_key_refuses_a_taken_name_with_a_clear_message() -> None:
+    call_command("create_api_key", "billing", stdout=StringIO())
+    with pytest.raises(CommandError, match="exists already"):
+        call_command("create_api_key", "billing", stdout=StringIO())
+    assert ApiKey.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_periodic_tasks_exist_and_are_not_overwritten_by_a_restart() -> None:
+    from django_celery_beat.models import PeriodicTask
+
+    from emailhub.periodic import PERIODIC_TASKS, ensure_periodic_tasks
+
+    ensure_periodic_tasks()
+    relay = PeriodicTask.objects.get(name="emailhub: relay outbox")
+    assert relay.task == "delivery.relay_outbox" and relay.queue == "system" and relay.interval.every == 1
+    relay.enabled = False  # an operator's edit in the admin
+    relay.save()
+    assert ensure_periodic_tasks() == 0
+    assert PeriodicTask.objects.get(name="emailhub: relay outbox").enabled is False
+    assert set(PERIODIC_TASKS) <= set(PeriodicTask.objects.values_list("name", flat=True))
