@@ -37,7 +37,9 @@ def test_every_admin_changelist_and_add_page_renders(admin_client) -> None:  # n
 
 @pytest.mark.django_db
 def test_message_admin_filters_by_status_and_priority(admin_client) -> None:  # noqa: ANN001
-    Message.objects.create(to_email="a@example.com", subject="s", text="t", priority="critical", status="sent")
+    Message.objects.create(
+        to_email="a@example.com", subject="s", text="t", priority="critical", status="sent"
+    )
     Message.objects.create(to_email="b@example.com", subject="s", text="t", priority="low", status="queued")
     url = reverse("admin:delivery_message_changelist")
     page = admin_client.get(url, {"status__exact": "sent", "priority__exact": "critical"}).content.decode()

@@ -35,7 +35,10 @@ def test_docker_compose_parses_and_runs_every_process_with_the_same_command() ->
 def test_readme_starts_with_the_two_commands_and_shows_every_process_command() -> None:
     readme = (ROOT / "README.md").read_text()
     first_block = readme.split("```")[1]
-    assert [line.split("#")[0].strip() for line in first_block.strip().splitlines()[1:]] == ["make demo", "make test"]
+    assert [line.split("#")[0].strip() for line in first_block.strip().splitlines()[1:]] == [
+        "make demo",
+        "make test",
+    ]
     for name, argv in PROCESSES.items():
         assert " ".join(argv) in readme, f"README does not show the {name} command: {' '.join(argv)}"
 
