@@ -7,6 +7,7 @@ import logging
 from celery import shared_task
 from celery.signals import worker_process_init, worker_process_shutdown
 
+from delivery.breakers import reset_process_state
 from delivery.providers import close_all
 from delivery.services import outbox, sweeps
 from delivery.services.sending import send_messages as send_messages_service
@@ -32,8 +33,9 @@ def requeue_stale_sending() -> int:
 
 @worker_process_init.connect
 def _fresh_connections(**_: object) -> None:
-    # A forked child must not share its parent's provider sockets.
+    # A forked child must not share its parent's provider or Redis sockets.
     close_all()
+    reset_process_state()
 
 
 @worker_process_shutdown.connect

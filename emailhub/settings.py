@@ -130,7 +130,7 @@ EMAILHUB_OUTBOX_GRACE_SECONDS = env_float("EMAILHUB_OUTBOX_GRACE_SECONDS", 2.0, 
 # A message stuck in `sending` this long (its worker died) is given back to the queue.
 EMAILHUB_SENDING_LEASE_SECONDS = env_int("EMAILHUB_SENDING_LEASE_SECONDS", 600, minimum=10)
 
-PROVIDER_NAMES = {"smtp", "locmem"}
+PROVIDER_NAMES = {"smtp", "ses", "sendgrid", "locmem"}
 EMAILHUB_PROVIDERS_TRANSACTIONAL = env_list(
     "EMAILHUB_PROVIDERS_TRANSACTIONAL", ["smtp"], allowed=PROVIDER_NAMES
 )
@@ -142,6 +142,32 @@ SMTP_USERNAME = env_str("SMTP_USERNAME", "")
 SMTP_PASSWORD = env_str("SMTP_PASSWORD", "")
 SMTP_STARTTLS = env_bool("SMTP_STARTTLS", False)
 SMTP_TIMEOUT = env_float("SMTP_TIMEOUT", 10.0, minimum=0.1)
+
+SES_REGION = env_str("SES_REGION", "us-east-1")
+SES_ENDPOINT_URL = env_str("SES_ENDPOINT_URL", "")
+SES_ACCESS_KEY_ID = env_str("SES_ACCESS_KEY_ID", "")
+SES_SECRET_ACCESS_KEY = env_str("SES_SECRET_ACCESS_KEY", "")
+SES_CONFIGURATION_SET = env_str("SES_CONFIGURATION_SET", "")
+SES_TIMEOUT = env_float("SES_TIMEOUT", 10.0, minimum=0.1)
+
+SENDGRID_API_KEY = env_str("SENDGRID_API_KEY", "")
+SENDGRID_HOST = env_str("SENDGRID_HOST", "https://api.sendgrid.com")
+SENDGRID_TIMEOUT = env_float("SENDGRID_TIMEOUT", 10.0, minimum=0.1)
+
+# Circuit breakers (one per provider, state shared by every process through Redis). The source
+# design's figures: open after 10 consecutive provider failures, probe again after 5 minutes.
+EMAILHUB_BREAKER_FAIL_MAX = env_int("EMAILHUB_BREAKER_FAIL_MAX", 10, minimum=1)
+EMAILHUB_BREAKER_RESET_TIMEOUT = env_float("EMAILHUB_BREAKER_RESET_TIMEOUT", 300.0, minimum=0.1)
+
+# Send-rate quotas in emails per second, per provider (0: unlimited), e.g. SES's MaxSendRate.
+EMAILHUB_RATE_LIMITS = {
+    name: env_float(f"{name.upper()}_MAX_SEND_RATE", 0.0, minimum=0.0) for name in ("smtp", "ses", "sendgrid")
+}
+# The share of each quota that only critical and high sends may use, so a campaign can never
+# take the last token an OTP needs.
+EMAILHUB_RATE_RESERVED_FRACTION = env_float("EMAILHUB_RATE_RESERVED_FRACTION", 0.2, minimum=0.0)
+# The longest a bulk batch waits for tokens before it tries the next provider.
+EMAILHUB_RATE_MAX_WAIT_SECONDS = env_float("EMAILHUB_RATE_MAX_WAIT_SECONDS", 30.0, minimum=0.0)
 
 # --- REST API ---------------------------------------------------------------------------------
 

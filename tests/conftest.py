@@ -36,12 +36,17 @@ def smtp(smtp_server: SMTPTestServer, settings) -> Iterator[SMTPTestServer]:  # 
     smtp_server.clear()
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def redis() -> Iterator[redis_lib.Redis]:
+    """The test Redis database, empty: no queued task, breaker or bucket leaks between tests."""
+    from delivery import breakers
+
     client = redis_lib.Redis.from_url(settings.REDIS_URL)
     client.flushdb()
+    breakers.reset_process_state()
     yield client
     client.flushdb()
+    breakers.reset_process_state()
     client.close()
 
 

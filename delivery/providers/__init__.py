@@ -25,6 +25,24 @@ def _build(name: str) -> Provider:
             timeout=settings.SMTP_TIMEOUT,
             message_id_domain=settings.EMAILHUB_MESSAGE_ID_DOMAIN,
         )
+    if name == "ses":
+        from delivery.providers.ses import SESProvider
+
+        return SESProvider(
+            region=settings.SES_REGION,
+            endpoint_url=settings.SES_ENDPOINT_URL,
+            access_key_id=settings.SES_ACCESS_KEY_ID,
+            secret_access_key=settings.SES_SECRET_ACCESS_KEY,
+            configuration_set=settings.SES_CONFIGURATION_SET,
+            timeout=settings.SES_TIMEOUT,
+            message_id_domain=settings.EMAILHUB_MESSAGE_ID_DOMAIN,
+        )
+    if name == "sendgrid":
+        from delivery.providers.sendgrid import SendGridProvider
+
+        return SendGridProvider(
+            api_key=settings.SENDGRID_API_KEY, host=settings.SENDGRID_HOST, timeout=settings.SENDGRID_TIMEOUT
+        )
     if name == "locmem":
         from delivery.providers.locmem import LocmemProvider
 

@@ -9,9 +9,10 @@ provider as a whole raises ProviderUnavailable instead, which is what circuit br
 from __future__ import annotations
 
 import enum
-from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from delivery.exceptions import ProviderUnavailable
 
 
 class Outcome(enum.Enum):
@@ -51,20 +52,35 @@ class SendResult:
         return cls(Outcome.PERMANENT, error=error)
 
 
-class Provider(ABC):
-    """Subclasses set ``name`` and implement ``send_batch``."""
+class Provider:
+    """Subclasses set ``name`` and implement ``send_one`` (or override ``send_batch``)."""
 
     name: str = ""
-    # The most emails one call of send_batch may carry (SendGrid: 1000 personalizations).
-    max_batch: int = 500
 
-    @abstractmethod
     def send_batch(self, emails: Sequence[OutgoingEmail]) -> list[SendResult]:
         """Send every email; return one SendResult per email, in order.
 
-        Raise ProviderUnavailable when the provider itself is down and nothing was accepted, so
-        the whole batch can move to the next provider.
+        Raises ProviderUnavailable when the provider is down before anything was accepted, so
+        the whole batch can move to the next provider (and the breaker counts one failure).
+        If it goes down part-way, what was not sent is reported transient: it is retried, and
+        what was accepted is not sent again elsewhere.
         """
+        results: list[SendResult] = []
+        for email in emails:
+            try:
+                results.append(self.send_one(email))
+            except ProviderUnavailable as exc:
+                if not results:
+                    raise
+                results.extend(
+                    SendResult.transient(f"{self.name} became unavailable: {exc}")
+                    for _ in emails[len(results) :]
+                )
+                break
+        return results
+
+    def send_one(self, email: OutgoingEmail) -> SendResult:
+        raise NotImplementedError(f"{type(self).__name__} must implement send_one or send_batch")
 
     def close(self) -> None:  # noqa: B027 - optional hook; most providers hold nothing open
         """Release connections. Called when a worker process shuts down."""

@@ -10,11 +10,10 @@ from __future__ import annotations
 import logging
 import smtplib
 import socket
-from collections.abc import Sequence
 from datetime import UTC, datetime
 from email.message import EmailMessage
 from email.policy import SMTP as SMTP_POLICY
-from email.utils import format_datetime, make_msgid
+from email.utils import format_datetime, make_msgid, parseaddr
 
 from delivery.exceptions import ProviderUnavailable
 from delivery.providers.base import OutgoingEmail, Provider, SendResult
@@ -101,29 +100,13 @@ class SMTPProvider(Provider):
             finally:
                 self._connection = None
 
-    def send_batch(self, emails: Sequence[OutgoingEmail]) -> list[SendResult]:
-        results: list[SendResult] = []
-        for email in emails:
-            try:
-                results.append(self._send_one(email))
-            except ProviderUnavailable:
-                if not results:
-                    raise  # nothing went out: the whole batch may move to another provider
-                # Part of the batch went out; the rest is reported transient so it is retried.
-                results.extend(
-                    SendResult.transient(f"SMTP {self.host}:{self.port} became unavailable")
-                    for _ in emails[len(results) :]
-                )
-                break
-        return results
-
-    def _send_one(self, email: OutgoingEmail) -> SendResult:
+    def send_one(self, email: OutgoingEmail) -> SendResult:
         message_id, mime = build_mime(email, message_id_domain=self.message_id_domain)
         for attempt in (1, 2):
             connection = self._connect()
             try:
                 refused = connection.send_message(
-                    mime, from_addr=_bare(email.from_email), to_addrs=[email.to]
+                    mime, from_addr=bare_address(email.from_email), to_addrs=[email.to]
                 )
             except smtplib.SMTPRecipientsRefused as exc:
                 code, reply = next(iter(exc.recipients.values()))
@@ -148,9 +131,8 @@ class SMTPProvider(Provider):
         raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _bare(address: str) -> str:
-    from email.utils import parseaddr
-
+def bare_address(address: str) -> str:
+    """`Shop <shop@example.com>` → `shop@example.com`."""
     return parseaddr(address)[1] or address
 
 

@@ -25,6 +25,7 @@ from campaigns.templating import EmailTemplate
 from delivery.exceptions import ProviderConfigurationError, ProviderUnavailable
 from delivery.models import MessageStatus
 from delivery.providers import Outcome, OutgoingEmail, get_provider
+from delivery.services.gateway import ProviderSkipped, send_via
 
 logger = logging.getLogger(__name__)
 
@@ -114,18 +115,19 @@ def send_messages(message_ids: Sequence[int]) -> BatchReport:
 
     emails = _render(claimed)
     by_id = {m.id: m for m in claimed}
-    chain = provider_chain(pool_for(claimed[0].priority)) if claimed else []
+    # A batch never mixes pools: fan-out and the sweeps group ids by priority.
+    pool = pool_for(claimed[0].priority) if claimed else BULK
     pending: list[OutgoingEmail] = list(emails)
     last_error: dict[int, str] = {}
 
-    for provider_name in chain:
+    for provider_name in provider_chain(pool):
         if not pending:
             break
-        provider = get_provider(provider_name)
         try:
-            results = provider.send_batch(pending)
-        except ProviderUnavailable as exc:
-            logger.warning("provider %s unavailable for %d message(s): %s", provider_name, len(pending), exc)
+            results = send_via(provider_name, pending, transactional=pool == TRANSACTIONAL)
+        except (ProviderSkipped, ProviderUnavailable) as exc:
+            # Fail over: the whole batch moves to the next provider in the chain.
+            logger.warning("provider %s skipped for %d message(s): %s", provider_name, len(pending), exc)
             for email in pending:
                 last_error[email.message_id] = f"{provider_name}: {exc}"
             continue

@@ -1,0 +1,195 @@
+"""One circuit breaker per provider, its state shared by every worker process through Redis.
+
+pybreaker's traits, and what we do about each (docs/delivery.md says more):
+- `CircuitBreaker.call()` holds the breaker's lock for the whole provider call. Workers are
+  prefork processes running one task at a time, so the lock is never contended; a threaded pool
+  would serialise sends per provider.
+- `CircuitRedisStorage` answers "closed" when Redis fails (fail open): sends go on, and every
+  process logs the Redis error. Losing the breaker is better than losing the mail.
+- In half-open, pybreaker lets every caller through, so N processes would all probe a provider
+  that may still be down. `guarded_call` hands out one probe token (`SET NX PX`) per probe
+  window; the others treat the breaker as open.
+Only ProviderUnavailable counts as a failure: a permanent recipient error (550, MessageRejected,
+SendGrid 400) is the recipient's fault, not the provider's. Any success resets the count, so
+`fail_max` means consecutive provider failures across all processes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import pybreaker
+import redis as redis_lib
+from django.conf import settings
+
+from delivery.exceptions import ProviderUnavailable
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+NAMESPACE = "emailhub:breaker:{name}"
+STATS_KEY = "emailhub:provider:{name}"
+# How long one process may hold the half-open probe before another may try.
+PROBE_TOKEN_SECONDS = 30
+
+
+class CircuitOpen(Exception):
+    """The provider's breaker is open (or another process is probing it): skip it."""
+
+
+_redis: redis_lib.Redis | None = None
+_breakers: dict[str, pybreaker.CircuitBreaker] = {}
+
+
+def redis_client() -> redis_lib.Redis:
+    """A Redis client for breaker and rate-limit state, with short timeouts: Redis trouble must
+    cost a send milliseconds, never seconds."""
+    global _redis
+    if _redis is None:
+        _redis = redis_lib.Redis.from_url(
+            settings.REDIS_URL, socket_timeout=0.5, socket_connect_timeout=0.5, health_check_interval=30
+        )
+    return _redis
+
+
+def reset_process_state() -> None:
+    """Forget this process's clients and breakers (after fork, or between tests)."""
+    global _redis
+    _breakers.clear()
+    if _redis is not None:
+        _redis.close()
+    _redis = None
+
+
+class _Recorder(pybreaker.CircuitBreakerListener):
+    """Logs and counts every state change, and remembers the provider's last error."""
+
+    def __init__(self, provider: str) -> None:
+        self.provider = provider
+
+    def state_change(self, cb: pybreaker.CircuitBreaker, old_state: object, new_state: object) -> None:
+        old = getattr(old_state, "name", str(old_state))
+        new = getattr(new_state, "name", str(new_state))
+        log = logger.warning if new == pybreaker.STATE_OPEN else logger.info
+        log("circuit breaker for %s: %s -> %s", self.provider, old, new)
+        try:
+            pipe = redis_client().pipeline()
+            key = STATS_KEY.format(name=self.provider)
+            pipe.hincrby(key, f"changes_to_{new}", 1)
+            pipe.hset(key, mapping={"last_change": f"{old}->{new}", "last_change_at": time.time()})
+            pipe.execute()
+        except redis_lib.RedisError as exc:
+            logger.warning("could not record breaker change for %s: %s", self.provider, exc)
+
+    def failure(self, cb: pybreaker.CircuitBreaker, exc: BaseException) -> None:
+        try:
+            redis_client().hset(
+                STATS_KEY.format(name=self.provider),
+                mapping={"last_error": str(exc)[:1000], "last_error_at": time.time()},
+            )
+            redis_client().hincrby(STATS_KEY.format(name=self.provider), "failures", 1)
+        except redis_lib.RedisError:
+            pass
+
+
+def breaker_for(name: str) -> pybreaker.CircuitBreaker:
+    breaker = _breakers.get(name)
+    if breaker is not None:
+        return breaker
+    try:
+        storage: pybreaker.CircuitBreakerStorage = pybreaker.CircuitRedisStorage(
+            pybreaker.STATE_CLOSED, redis_client(), namespace=NAMESPACE.format(name=name)
+        )
+    except redis_lib.RedisError as exc:
+        # CircuitRedisStorage writes its initial state in its constructor and does not catch
+        # Redis errors there. Fail open with a process-local breaker, and try Redis again on the
+        # next call (this one is not cached).
+        logger.warning("Redis unavailable for the %s breaker (%s); using a process-local one", name, exc)
+        storage = pybreaker.CircuitMemoryStorage(pybreaker.STATE_CLOSED)
+        return _build(name, storage)
+    breaker = _breakers[name] = _build(name, storage)
+    return breaker
+
+
+def _build(name: str, storage: pybreaker.CircuitBreakerStorage) -> pybreaker.CircuitBreaker:
+    return pybreaker.CircuitBreaker(
+        fail_max=settings.EMAILHUB_BREAKER_FAIL_MAX,
+        reset_timeout=settings.EMAILHUB_BREAKER_RESET_TIMEOUT,
+        # Only a provider-wide failure counts; anything else (a bug, a recipient error) does not.
+        exclude=[lambda exc: not isinstance(exc, ProviderUnavailable)],
+        state_storage=storage,
+        listeners=[_Recorder(name)],
+        name=name,
+    )
+
+
+def _probe_due(breaker: pybreaker.CircuitBreaker) -> bool:
+    opened_at = breaker._state_storage.opened_at
+    if opened_at is None:
+        return True
+    return time.time() >= opened_at.timestamp() + breaker.reset_timeout
+
+
+def guarded_call(name: str, func: Callable[[], T]) -> T:
+    """Call `func` through the provider's breaker; raise CircuitOpen if the provider is skipped.
+
+    ProviderUnavailable from `func` propagates (after being counted).
+    """
+    breaker = breaker_for(name)
+    state = breaker.current_state
+    if state == pybreaker.STATE_CLOSED:
+        return _call(breaker, func)
+    if state == pybreaker.STATE_OPEN and not _probe_due(breaker):
+        raise CircuitOpen(f"{name} circuit is open")
+    token_key = f"{NAMESPACE.format(name=name)}:probe"
+    try:
+        acquired = redis_client().set(token_key, os.getpid(), nx=True, ex=PROBE_TOKEN_SECONDS)
+    except redis_lib.RedisError:
+        acquired = True  # fail open, like the breaker itself
+    if not acquired:
+        raise CircuitOpen(f"{name} circuit is {state}; another process is probing it")
+    try:
+        logger.info("probing %s (circuit %s)", name, state)
+        return _call(breaker, func)
+    finally:
+        try:
+            redis_client().delete(token_key)
+        except redis_lib.RedisError:
+            pass
+
+
+def _call(breaker: pybreaker.CircuitBreaker, func: Callable[[], T]) -> T:
+    try:
+        return breaker.call(func)
+    except pybreaker.CircuitBreakerError as exc:
+        # pybreaker raises this instead of the original error on the call that trips it.
+        raise ProviderUnavailable(f"{breaker.name}: {exc}") from exc
+
+
+def snapshot(name: str) -> dict[str, object]:
+    """What the health API shows about one provider's breaker."""
+    breaker = breaker_for(name)
+    storage = breaker._state_storage
+    stats = {}
+    try:
+        raw = redis_client().hgetall(STATS_KEY.format(name=name))
+        stats = {k.decode(): v.decode() for k, v in raw.items()}
+    except redis_lib.RedisError as exc:
+        stats = {"redis_error": str(exc)}
+    opened_at = storage.opened_at
+    return {
+        "state": breaker.current_state,
+        "fail_counter": storage.counter,
+        "fail_max": breaker.fail_max,
+        "reset_timeout": breaker.reset_timeout,
+        "opened_at": opened_at.isoformat() if opened_at and breaker.current_state != "closed" else None,
+        "failures_total": int(stats.get("failures", 0)),
+        "times_opened": int(stats.get("changes_to_open", 0)),
+        "last_error": stats.get("last_error"),
+        "last_error_at": float(stats["last_error_at"]) if "last_error_at" in stats else None,
+        "last_state_change": stats.get("last_change"),
+    }

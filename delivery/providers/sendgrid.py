@@ -1,0 +1,163 @@
+"""SendGrid through the official `sendgrid` client (v3 `POST /mail/send`).
+
+One request carries up to 1000 personalizations, so a campaign batch is one HTTP call, not one
+per recipient. Recipients of identical content share the request's `content`. Recipients with
+personalised content still share one request: the content is a placeholder that each
+personalization's `substitutions` fills in — SendGrid caps substitutions at 10,000 bytes per
+personalization, so a larger body is sent in a request of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from email.utils import parseaddr
+from typing import Any
+from urllib.error import URLError
+
+import sendgrid
+from python_http_client.exceptions import HTTPError
+
+from delivery.exceptions import ProviderConfigurationError, ProviderUnavailable
+from delivery.providers.base import OutgoingEmail, Provider, SendResult
+
+MAX_PERSONALIZATIONS = 1000
+# https://www.twilio.com/docs/sendgrid/api-reference/mail-send — "The total collective size of
+# your substitutions may not exceed 10,000 bytes per personalization object."
+MAX_SUBSTITUTION_BYTES = 10_000
+TEXT_TAG = "-emailhub-text-"
+HTML_TAG = "-emailhub-html-"
+_PERSONALIZATION_FIELD = re.compile(r"^personalizations\.(\d+)\.")
+
+
+def _address(value: str) -> dict[str, str]:
+    name, email = parseaddr(value)
+    return {"email": email or value, **({"name": name} if name else {})}
+
+
+def _content(text: str, html: str) -> list[dict[str, str]]:
+    # SendGrid requires text/plain first, and no empty values.
+    parts = []
+    if text:
+        parts.append({"type": "text/plain", "value": text})
+    if html:
+        parts.append({"type": "text/html", "value": html})
+    return parts or [{"type": "text/plain", "value": " "}]
+
+
+class SendGridProvider(Provider):
+    name = "sendgrid"
+
+    def __init__(self, *, api_key: str, host: str, timeout: float = 10.0) -> None:
+        if not api_key:
+            raise ProviderConfigurationError("SENDGRID_API_KEY is empty; set it to use the sendgrid provider")
+        self.api = sendgrid.SendGridAPIClient(api_key=api_key, host=host)
+        # python_http_client passes this timeout to urllib for every request it builds.
+        self.api.client.timeout = timeout
+
+    def send_batch(self, emails: Sequence[OutgoingEmail]) -> list[SendResult]:
+        results: dict[int, SendResult] = {}
+        for group in self._requests(emails):
+            try:
+                results.update(self._send_request(group))
+            except ProviderUnavailable:
+                if not results:
+                    raise
+                for email in emails:
+                    results.setdefault(
+                        email.message_id, SendResult.transient("sendgrid became unavailable mid-batch")
+                    )
+                break
+        return [results[email.message_id] for email in emails]
+
+    def _requests(self, emails: Sequence[OutgoingEmail]) -> list[list[OutgoingEmail]]:
+        """Split a batch into requests: ≤1000 recipients each, one sender and reply-to each."""
+        groups: dict[tuple[str, str | None], list[OutgoingEmail]] = {}
+        for email in emails:
+            groups.setdefault((email.from_email, email.reply_to), []).append(email)
+        requests: list[list[OutgoingEmail]] = []
+        for group in groups.values():
+            shared = len({(e.text, e.html) for e in group}) == 1
+            small = [e for e in group if shared or _substitution_size(e) <= MAX_SUBSTITUTION_BYTES]
+            large = [e for e in group if not shared and _substitution_size(e) > MAX_SUBSTITUTION_BYTES]
+            for start in range(0, len(small), MAX_PERSONALIZATIONS):
+                requests.append(small[start : start + MAX_PERSONALIZATIONS])
+            requests.extend([e] for e in large)
+        return requests
+
+    def payload(self, group: Sequence[OutgoingEmail]) -> dict[str, Any]:
+        first = group[0]
+        shared = len({(e.text, e.html) for e in group}) == 1
+        personalizations = []
+        for email in group:
+            personalization: dict[str, Any] = {
+                "to": [_address(email.to)],
+                "subject": email.subject,
+                "custom_args": {"emailhub_id": str(email.message_id)},
+            }
+            if not shared:
+                personalization["substitutions"] = {TEXT_TAG: email.text, HTML_TAG: email.html}
+            personalizations.append(personalization)
+        if shared:
+            content = _content(first.text, first.html)
+        else:
+            content = _content(TEXT_TAG if any(e.text for e in group) else "", HTML_TAG if any(e.html for e in group) else "")
+        body: dict[str, Any] = {
+            "personalizations": personalizations,
+            "from": _address(first.from_email),
+            "content": content,
+        }
+        if first.reply_to:
+            body["reply_to"] = _address(first.reply_to)
+        if first.headers:
+            body["headers"] = dict(first.headers)
+        return body
+
+    def _send_request(self, group: list[OutgoingEmail]) -> dict[int, SendResult]:
+        try:
+            response = self.api.client.mail.send.post(request_body=self.payload(group))
+        except HTTPError as exc:
+            return self._classify(exc, group)
+        except (URLError, OSError) as exc:  # refused, reset, timed out
+            raise ProviderUnavailable(f"SendGrid unreachable: {exc}") from exc
+        message_id = response.headers.get("X-Message-Id")
+        return {email.message_id: SendResult.accepted(message_id) for email in group}
+
+    def _classify(self, exc: HTTPError, group: list[OutgoingEmail]) -> dict[int, SendResult]:
+        status = int(getattr(exc, "status_code", 0) or 0)
+        body = exc.body.decode("utf-8", "replace") if isinstance(exc.body, bytes) else str(exc.body)
+        detail = f"SendGrid {status}: {body[:500]}"
+        if status in (401, 403):
+            raise ProviderUnavailable(f"{detail} (check SENDGRID_API_KEY)") from exc
+        if status == 429 or status >= 500:
+            raise ProviderUnavailable(detail) from exc
+        if status == 400:
+            bad = _rejected_personalizations(body)
+            if bad:
+                # The whole request was refused because of these recipients: fail them for good
+                # and send the others again without them.
+                results = {group[i].message_id: SendResult.permanent(detail) for i in bad if i < len(group)}
+                rest = [e for i, e in enumerate(group) if i not in bad]
+                if rest:
+                    results.update(self._send_request(rest))
+                return results
+        # A refusal we cannot pin on a recipient: not the recipients' fault, so no suppression.
+        return {email.message_id: SendResult.transient(detail) for email in group}
+
+
+def _substitution_size(email: OutgoingEmail) -> int:
+    return len(email.text.encode()) + len(email.html.encode()) + len(TEXT_TAG) + len(HTML_TAG)
+
+
+def _rejected_personalizations(body: str) -> set[int]:
+    try:
+        errors = json.loads(body).get("errors", [])
+    except (ValueError, AttributeError):
+        return set()
+    indexes = set()
+    for error in errors:
+        match = _PERSONALIZATION_FIELD.match(str(error.get("field") or ""))
+        if match:
+            indexes.add(int(match.group(1)))
+    return indexes

@@ -1,0 +1,97 @@
+"""A token bucket per provider in Redis, taken with one Lua call.
+
+The bucket refills at the provider's quota (emails per second) up to one second's worth.
+Bulk sends may not take the last `reserved` tokens; critical and high sends may, so a campaign
+running at full quota never leaves an OTP without a token. "Now" is Redis's own clock (TIME),
+so workers with skewed clocks share one bucket correctly.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import redis as redis_lib
+from django.conf import settings
+
+from delivery.breakers import redis_client
+
+# KEYS[1] bucket; ARGV: rate/s, capacity, requested, floor (tokens that must remain), ttl ms.
+# Returns {granted, wait_ms}: how many tokens were taken (possibly fewer than asked) and, when
+# none could be, how long until `requested` would fit.
+_TAKE = """
+local rate = tonumber(ARGV[1])
+local capacity = tonumber(ARGV[2])
+local requested = tonumber(ARGV[3])
+local floor = tonumber(ARGV[4])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local state = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
+local tokens = tonumber(state[1]) or capacity
+local ts = tonumber(state[2]) or now
+tokens = math.min(capacity, tokens + math.max(0, now - ts) * rate)
+local available = math.floor(tokens - floor)
+local granted = math.max(0, math.min(requested, available))
+tokens = tokens - granted
+redis.call('HSET', KEYS[1], 'tokens', tokens, 'ts', now)
+redis.call('PEXPIRE', KEYS[1], ARGV[5])
+local wait_ms = 0
+if granted == 0 then
+  wait_ms = math.ceil((math.min(requested, capacity - floor) - (tokens - floor)) / rate * 1000)
+end
+return {granted, wait_ms}
+"""
+
+KEY = "emailhub:ratelimit:{name}"
+
+
+@dataclass(frozen=True)
+class Take:
+    granted: int
+    wait_seconds: float
+
+
+class TokenBucket:
+    def __init__(self, name: str, rate: float, *, reserved_fraction: float, client: redis_lib.Redis | None = None):
+        self.name = name
+        self.rate = rate
+        self.capacity = max(1.0, rate)  # one second of quota
+        self.reserved = math.floor(self.capacity * reserved_fraction)
+        self.client = client or redis_client()
+        self._script = self.client.register_script(_TAKE)
+
+    def take(self, count: int, *, reserved: bool) -> Take:
+        """Take up to `count` tokens now. `reserved` callers may use the reserved share."""
+        floor = 0 if reserved else self.reserved
+        ttl_ms = int(max(60_000, self.capacity / self.rate * 2000))
+        granted, wait_ms = self._script(
+            keys=[KEY.format(name=self.name)], args=[self.rate, self.capacity, count, floor, ttl_ms]
+        )
+        return Take(int(granted), int(wait_ms) / 1000)
+
+    def acquire(self, count: int, *, reserved: bool, max_wait: float) -> int:
+        """Take `count` tokens, waiting for refills up to `max_wait` seconds; return how many were got."""
+        got = 0
+        deadline = time.monotonic() + max_wait
+        while got < count:
+            take = self.take(count - got, reserved=reserved)
+            got += take.granted
+            if got >= count:
+                break
+            pause = max(take.wait_seconds, 0.01)
+            if time.monotonic() + pause > deadline:
+                break
+            time.sleep(pause)
+        return got
+
+    def level(self) -> float:
+        raw = self.client.hget(KEY.format(name=self.name), "tokens")
+        return self.capacity if raw is None else float(raw)
+
+
+def bucket_for(name: str) -> TokenBucket | None:
+    rate = settings.EMAILHUB_RATE_LIMITS.get(name, 0.0)
+    if not rate:
+        return None
+    return TokenBucket(name, rate, reserved_fraction=settings.EMAILHUB_RATE_RESERVED_FRACTION)

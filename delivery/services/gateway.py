@@ -1,0 +1,47 @@
+"""Send a batch through one named provider: its rate limit first, then its circuit breaker."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from django.conf import settings
+
+from delivery.breakers import CircuitOpen, breaker_for, guarded_call
+from delivery.providers import OutgoingEmail, SendResult, get_provider
+from delivery.ratelimit import bucket_for
+
+
+class ProviderSkipped(Exception):
+    """The provider was not tried (open circuit, no send quota left): use the next one."""
+
+
+# Critical and high may wait this long for a token before failing over; bulk waits longer.
+TRANSACTIONAL_MAX_WAIT_SECONDS = 1.0
+
+
+def send_via(name: str, emails: Sequence[OutgoingEmail], *, transactional: bool) -> list[SendResult]:
+    """One result per email. Raises ProviderSkipped, or ProviderUnavailable (counted by the breaker)."""
+    breaker = breaker_for(name)
+    if breaker.current_state == "open":
+        opened_at = breaker._state_storage.opened_at
+        if opened_at is not None and opened_at.timestamp() + breaker.reset_timeout > _now():
+            raise ProviderSkipped(f"{name}: circuit open")
+    bucket = bucket_for(name)
+    allowed = len(emails)
+    if bucket is not None:
+        max_wait = TRANSACTIONAL_MAX_WAIT_SECONDS if transactional else settings.EMAILHUB_RATE_MAX_WAIT_SECONDS
+        allowed = bucket.acquire(len(emails), reserved=transactional, max_wait=max_wait)
+        if allowed == 0:
+            raise ProviderSkipped(f"{name}: send-rate quota used up")
+    batch, later = list(emails[:allowed]), list(emails[allowed:])
+    provider = get_provider(name)
+    try:
+        results = guarded_call(name, lambda: provider.send_batch(batch))
+    except CircuitOpen as exc:
+        raise ProviderSkipped(str(exc)) from exc
+    return results + [SendResult.transient(f"{name}: send-rate quota used up") for _ in later]
+
+
+def _now() -> float:
+    return time.time()

@@ -1,0 +1,137 @@
+"""Circuit breakers and token buckets on the real Redis (the test database 15)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from delivery import breakers
+from delivery.exceptions import ProviderUnavailable
+from delivery.providers.base import OutgoingEmail, Provider, SendResult
+from delivery.ratelimit import TokenBucket
+from delivery.services.gateway import ProviderSkipped, send_via
+
+
+@pytest.fixture(autouse=True)
+def small_breakers(settings) -> None:  # noqa: ANN001
+    settings.EMAILHUB_BREAKER_FAIL_MAX = 3
+    settings.EMAILHUB_BREAKER_RESET_TIMEOUT = 1.0
+
+
+def down() -> list[SendResult]:
+    raise ProviderUnavailable("connection refused")
+
+
+def another_process() -> None:
+    """Forget this process's breaker objects: the next calls behave like a new worker process."""
+    breakers.reset_process_state()
+
+
+def test_breaker_opens_after_fail_max_failures_counted_across_processes() -> None:
+    for _ in range(2):
+        with pytest.raises(ProviderUnavailable):
+            breakers.guarded_call("ses", down)
+    another_process()
+    with pytest.raises(ProviderUnavailable):  # the third failure, in "another process", trips it
+        breakers.guarded_call("ses", down)
+    assert breakers.breaker_for("ses").current_state == "open"
+    calls = []
+    with pytest.raises(breakers.CircuitOpen):
+        breakers.guarded_call("ses", lambda: calls.append(1))
+    assert calls == []
+    snapshot = breakers.snapshot("ses")
+    assert snapshot["state"] == "open" and snapshot["times_opened"] == 1
+    assert "connection refused" in str(snapshot["last_error"])
+
+
+def test_permanent_recipient_errors_never_open_the_breaker() -> None:
+    for _ in range(10):
+        breakers.guarded_call("ses", lambda: [SendResult.permanent("550 no such user")])
+    assert breakers.breaker_for("ses").current_state == "closed"
+
+
+def test_a_bug_is_not_a_provider_failure() -> None:
+    for _ in range(5):
+        with pytest.raises(KeyError):
+            breakers.guarded_call("ses", lambda: {}["x"])
+    assert breakers.breaker_for("ses").current_state == "closed"
+
+
+def test_after_reset_timeout_one_probe_closes_it_again() -> None:
+    for _ in range(3):
+        with pytest.raises(ProviderUnavailable):
+            breakers.guarded_call("ses", down)
+    time.sleep(1.1)
+    assert breakers.guarded_call("ses", lambda: "ok") == "ok"
+    assert breakers.breaker_for("ses").current_state == "closed"
+
+
+def test_while_one_process_probes_the_others_skip_the_provider() -> None:
+    for _ in range(3):
+        with pytest.raises(ProviderUnavailable):
+            breakers.guarded_call("ses", down)
+    time.sleep(1.1)
+    seen = []
+
+    def probe() -> str:
+        another_process()  # a second worker process asks while the probe is in flight
+        with pytest.raises(breakers.CircuitOpen, match="probing"):
+            breakers.guarded_call("ses", lambda: seen.append("second"))
+        return "ok"
+
+    assert breakers.guarded_call("ses", probe) == "ok"
+    assert seen == []
+
+
+def test_breaker_fails_open_when_redis_is_unreachable(settings) -> None:  # noqa: ANN001
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"
+    another_process()
+    assert breakers.guarded_call("ses", lambda: "sent anyway") == "sent anyway"
+
+
+class CountingProvider(Provider):
+    name = "counting"
+
+    def __init__(self) -> None:
+        self.sent: list[int] = []
+
+    def send_batch(self, emails):  # noqa: ANN001, ANN201
+        self.sent.extend(e.message_id for e in emails)
+        return [SendResult.accepted(str(e.message_id)) for e in emails]
+
+
+def test_bulk_cannot_take_the_reserved_share_but_critical_can() -> None:
+    bucket = TokenBucket("test", rate=10, reserved_fraction=0.2)
+    assert bucket.take(10, reserved=False).granted == 8  # two tokens stay for critical
+    assert bucket.take(1, reserved=False).granted == 0
+    assert bucket.take(2, reserved=True).granted == 2
+    refused = bucket.take(1, reserved=True)
+    assert refused.granted == 0 and 0 < refused.wait_seconds <= 0.15
+
+
+def test_bucket_refills_at_the_quota_rate() -> None:
+    bucket = TokenBucket("refill", rate=100, reserved_fraction=0)
+    assert bucket.take(100, reserved=False).granted == 100
+    started = time.monotonic()
+    assert bucket.acquire(50, reserved=False, max_wait=5) == 50
+    assert 0.35 <= time.monotonic() - started <= 1.5  # 50 tokens at 100/s ≈ 0.5 s
+
+
+def test_gateway_skips_a_provider_without_quota_and_sends_what_fits(settings) -> None:  # noqa: ANN001
+    from delivery import providers
+
+    settings.EMAILHUB_RATE_LIMITS = {"counting": 5.0}
+    settings.EMAILHUB_RATE_RESERVED_FRACTION = 0.2
+    settings.EMAILHUB_RATE_MAX_WAIT_SECONDS = 0
+    provider = providers._instances["counting"] = CountingProvider()
+    try:
+        emails = [OutgoingEmail(n, f"u{n}@example.com", "a@example.com", "s", "t", "") for n in range(6)]
+        results = send_via("counting", emails, transactional=False)
+        assert [r.outcome.value for r in results] == ["accepted"] * 4 + ["transient"] * 2
+        assert provider.sent == [0, 1, 2, 3]
+        with pytest.raises(ProviderSkipped, match="quota"):
+            send_via("counting", emails, transactional=False)
+        assert [r.outcome.value for r in send_via("counting", emails[:1], transactional=True)] == ["accepted"]
+    finally:
+        providers._instances.pop("counting", None)
