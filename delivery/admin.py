@@ -1,8 +1,11 @@
 from __future__ import annotations
 
 from django.contrib import admin
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
 
 from delivery.models import ApiKey, EmailEvent, Message, OutboxEvent
+from delivery.selectors import provider_chains, provider_health
 
 
 @admin.register(Message)
@@ -44,3 +47,14 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request: object) -> bool:
         return False  # keys are made with `manage.py create_api_key`, which shows the key once
+
+
+def provider_health_view(request: HttpRequest) -> HttpResponse:
+    """Admin page: the same data as GET /api/v1/providers."""
+    context = {
+        **admin.site.each_context(request),
+        "title": "Provider health",
+        "chains": provider_chains(),
+        "providers": provider_health(),
+    }
+    return TemplateResponse(request, "admin/delivery/provider_health.html", context)

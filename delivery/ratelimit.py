@@ -53,7 +53,9 @@ class Take:
 
 
 class TokenBucket:
-    def __init__(self, name: str, rate: float, *, reserved_fraction: float, client: redis_lib.Redis | None = None):
+    def __init__(
+        self, name: str, rate: float, *, reserved_fraction: float, client: redis_lib.Redis | None = None
+    ):
         self.name = name
         self.rate = rate
         self.capacity = max(1.0, rate)  # one second of quota

@@ -6,6 +6,8 @@ from django.http import HttpRequest, JsonResponse
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from delivery.admin import provider_health_view
+
 
 def healthz(request: HttpRequest) -> JsonResponse:
     with connection.cursor() as cursor:
@@ -14,6 +16,7 @@ def healthz(request: HttpRequest) -> JsonResponse:
 
 
 urlpatterns = [
+    path("admin/providers/", admin.site.admin_view(provider_health_view), name="admin-provider-health"),
     path("admin/", admin.site.urls),
     path("api/v1/", include("delivery.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),

@@ -79,3 +79,27 @@ def test_periodic_tasks_exist_and_are_not_overwritten_by_a_restart() -> None:
     assert ensure_periodic_tasks() == 0
     assert PeriodicTask.objects.get(name="emailhub: relay outbox").enabled is False
     assert set(PERIODIC_TASKS) <= set(PeriodicTask.objects.values_list("name", flat=True))
+
+
+@pytest.mark.django_db
+def test_provider_health_page_shows_each_configured_provider(admin_client, settings) -> None:  # noqa: ANN001
+    settings.EMAILHUB_PROVIDERS_TRANSACTIONAL = ["locmem", "smtp"]
+    settings.EMAILHUB_PROVIDERS_BULK = ["smtp"]
+    page = admin_client.get("/admin/providers/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert "locmem" in html and "smtp" in html and "closed" in html
+
+
+@pytest.mark.django_db
+def test_provider_health_api_shows_circuits_and_tokens(api, settings) -> None:  # noqa: ANN001
+    settings.EMAILHUB_PROVIDERS_TRANSACTIONAL = ["locmem", "smtp"]
+    settings.EMAILHUB_PROVIDERS_BULK = ["smtp"]
+    settings.EMAILHUB_RATE_LIMITS = {"smtp": 50.0}
+    body = api.get("/api/v1/providers").json()
+    assert body["chains"] == {"transactional": ["locmem", "smtp"], "bulk": ["smtp"]}
+    by_name = {p["name"]: p for p in body["providers"]}
+    assert by_name["smtp"]["pools"] == ["transactional", "bulk"]
+    assert by_name["smtp"]["circuit"]["state"] == "closed"
+    assert by_name["smtp"]["rate_limit"]["per_second"] == 50.0
+    assert by_name["locmem"]["rate_limit"] is None

@@ -15,7 +15,9 @@ from delivery.testing.ses_server import SESTestServer
 from delivery.testing.smtp_server import free_port
 
 
-def email(n: int, to: str | None = None, *, text: str | None = None, html: str | None = None) -> OutgoingEmail:
+def email(
+    n: int, to: str | None = None, *, text: str | None = None, html: str | None = None
+) -> OutgoingEmail:
     return OutgoingEmail(
         message_id=n,
         to=to or f"user{n}@example.com",
@@ -41,7 +43,11 @@ def ses(ses_server: SESTestServer) -> Iterator[SESTestServer]:
 
 def ses_provider(server: SESTestServer) -> SESProvider:
     return SESProvider(
-        region="us-east-1", endpoint_url=server.endpoint_url, access_key_id="test", secret_access_key="test", timeout=5
+        region="us-east-1",
+        endpoint_url=server.endpoint_url,
+        access_key_id="test",
+        secret_access_key="test",
+        timeout=5,
     )
 
 
@@ -74,7 +80,9 @@ def test_ses_message_rejected_for_a_recipient_is_permanent(ses: SESTestServer) -
 
 
 def test_ses_refusing_our_sender_is_a_provider_fault_not_a_bad_recipient(ses: SESTestServer) -> None:
-    unverified = OutgoingEmail(message_id=1, to="a@example.com", from_email="x@unverified.test", subject="s", text="t", html="")
+    unverified = OutgoingEmail(
+        message_id=1, to="a@example.com", from_email="x@unverified.test", subject="s", text="t", html=""
+    )
     with pytest.raises(ProviderUnavailable, match="verify this sender"):
         ses_provider(ses).send_batch([unverified])
 
@@ -88,12 +96,20 @@ def test_ses_server_errors_and_throttling_make_it_unavailable(ses: SESTestServer
 
 
 def test_ses_unreachable_endpoint_is_unavailable() -> None:
-    provider = SESProvider(region="us-east-1", endpoint_url=f"http://127.0.0.1:{free_port()}", access_key_id="t", secret_access_key="t", timeout=1)
+    provider = SESProvider(
+        region="us-east-1",
+        endpoint_url=f"http://127.0.0.1:{free_port()}",
+        access_key_id="t",
+        secret_access_key="t",
+        timeout=1,
+    )
     with pytest.raises(ProviderUnavailable, match="unreachable"):
         provider.send_batch([email(1)])
 
 
-def test_sendgrid_sends_a_batch_of_identical_content_in_one_request(sendgrid_server: SendGridTestServer) -> None:
+def test_sendgrid_sends_a_batch_of_identical_content_in_one_request(
+    sendgrid_server: SendGridTestServer,
+) -> None:
     batch = [email(n, text="same", html="<p>same</p>") for n in range(1500)]
     results = sendgrid_provider(sendgrid_server).send_batch(batch)
     assert [r.outcome for r in results] == [Outcome.ACCEPTED] * 1500
@@ -112,7 +128,9 @@ def test_sendgrid_personalised_content_still_goes_in_one_request(sendgrid_server
     assert by_to["user7@example.com"].subject == "Receipt 7"
 
 
-def test_sendgrid_body_too_large_for_substitutions_gets_its_own_request(sendgrid_server: SendGridTestServer) -> None:
+def test_sendgrid_body_too_large_for_substitutions_gets_its_own_request(
+    sendgrid_server: SendGridTestServer,
+) -> None:
     big = "x" * 20_000
     batch = [email(1), email(2, text=big), email(3)]
     results = sendgrid_provider(sendgrid_server).send_batch(batch)

@@ -81,3 +81,9 @@ def test_unreachable_server_raises_provider_unavailable() -> None:
     dead = SMTPProvider(host="127.0.0.1", port=free_port(), timeout=1)
     with pytest.raises(ProviderUnavailable, match="cannot connect"):
         dead.send_batch([email(1)])
+
+
+def test_421_to_every_recipient_means_the_server_is_unavailable(smtp: SMTPTestServer) -> None:
+    smtp.reply_to_everyone("421 4.3.2 service shutting down")
+    with pytest.raises(ProviderUnavailable, match="421"):
+        provider(smtp).send_batch([email(1), email(2)])

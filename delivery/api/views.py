@@ -10,6 +10,7 @@ from rest_framework.views import APIView
 from delivery.api.serializers import MessageCreateSerializer, MessageSerializer
 from delivery.exceptions import IdempotencyConflict
 from delivery.models import Message
+from delivery.selectors import provider_chains, provider_health
 from delivery.services.messages import NewMessage, accept_message, request_fingerprint
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
@@ -63,3 +64,11 @@ class MessageDetailView(APIView):
     def get(self, request: Request, message_id: int) -> Response:
         message = get_object_or_404(Message.objects.select_related("template"), pk=message_id)
         return Response(MessageSerializer(message).data)
+
+
+class ProviderHealthView(APIView):
+    """Circuit state, failures, last error and send-rate tokens of every configured provider."""
+
+    @extend_schema(responses={200: dict})
+    def get(self, request: Request) -> Response:
+        return Response({"chains": provider_chains(), "providers": provider_health()})

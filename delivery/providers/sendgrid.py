@@ -102,7 +102,9 @@ class SendGridProvider(Provider):
         if shared:
             content = _content(first.text, first.html)
         else:
-            content = _content(TEXT_TAG if any(e.text for e in group) else "", HTML_TAG if any(e.html for e in group) else "")
+            content = _content(
+                TEXT_TAG if any(e.text for e in group) else "", HTML_TAG if any(e.html for e in group) else ""
+            )
         body: dict[str, Any] = {
             "personalizations": personalizations,
             "from": _address(first.from_email),

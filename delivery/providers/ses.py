@@ -18,7 +18,11 @@ from delivery.providers.smtp import bare_address, build_mime
 
 # SES error codes (https://docs.aws.amazon.com/ses/latest/APIReference-V2/API_SendEmail.html).
 THROTTLING = {"TooManyRequestsException", "Throttling", "ThrottlingException", "LimitExceededException"}
-ACCOUNT_BLOCKED = {"SendingPausedException", "MailFromDomainNotVerifiedException", "AccountSuspendedException"}
+ACCOUNT_BLOCKED = {
+    "SendingPausedException",
+    "MailFromDomainNotVerifiedException",
+    "AccountSuspendedException",
+}
 BAD_RECIPIENT = {"MessageRejected", "InvalidParameterValue", "BadRequestException"}
 
 

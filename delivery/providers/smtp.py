@@ -105,20 +105,23 @@ class SMTPProvider(Provider):
         for attempt in (1, 2):
             connection = self._connect()
             try:
-                refused = connection.send_message(
-                    mime, from_addr=bare_address(email.from_email), to_addrs=[email.to]
-                )
-            except smtplib.SMTPRecipientsRefused as exc:
-                code, reply = next(iter(exc.recipients.values()))
-                return _result_for_code(code, reply, "recipient refused")
+                try:
+                    refused = connection.send_message(
+                        mime, from_addr=bare_address(email.from_email), to_addrs=[email.to]
+                    )
+                except smtplib.SMTPRecipientsRefused as exc:
+                    code, reply = next(iter(exc.recipients.values()))
+                    raise smtplib.SMTPResponseException(code, reply) from exc
             except smtplib.SMTPResponseException as exc:
-                # SMTPSenderRefused and SMTPDataError are both response exceptions.
-                if exc.smtp_code == 421 or exc.smtp_code == -1:
-                    self._drop()  # 421: the server is closing the connection
+                # RCPT, MAIL (SMTPSenderRefused) and DATA (SMTPDataError) refusals all land here.
+                if exc.smtp_code in (421, -1):
+                    # 421: the server is closing the channel (RFC 5321 §3.8), whatever command
+                    # it answered. That is the server going away, not a bad recipient.
+                    self._drop()
                     if attempt == 1:
                         continue
                     raise ProviderUnavailable(f"SMTP {exc.smtp_code}: {_decode(exc.smtp_error)}") from exc
-                return _result_for_code(exc.smtp_code, exc.smtp_error, "message refused")
+                return _result_for_code(exc.smtp_code, exc.smtp_error, "refused")
             except _CONNECTION_ERRORS as exc:
                 self._drop()
                 if attempt == 1:

@@ -30,7 +30,9 @@ def send_via(name: str, emails: Sequence[OutgoingEmail], *, transactional: bool)
     bucket = bucket_for(name)
     allowed = len(emails)
     if bucket is not None:
-        max_wait = TRANSACTIONAL_MAX_WAIT_SECONDS if transactional else settings.EMAILHUB_RATE_MAX_WAIT_SECONDS
+        max_wait = (
+            TRANSACTIONAL_MAX_WAIT_SECONDS if transactional else settings.EMAILHUB_RATE_MAX_WAIT_SECONDS
+        )
         allowed = bucket.acquire(len(emails), reserved=transactional, max_wait=max_wait)
         if allowed == 0:
             raise ProviderSkipped(f"{name}: send-rate quota used up")

@@ -52,12 +52,24 @@ def _validate(body: Any, rejected: set[str]) -> tuple[int, dict[str, Any]] | Non
         return _errors(400, [{"message": "Bad Request", "field": None}])
     personalizations = body.get("personalizations")
     if not isinstance(personalizations, list) or not 1 <= len(personalizations) <= 1000:
-        return _errors(400, [{"message": "The personalizations field is required and must have at least one personalization.", "field": "personalizations"}])
+        return _errors(
+            400,
+            [
+                {
+                    "message": "The personalizations field is required and must have at least one personalization.",
+                    "field": "personalizations",
+                }
+            ],
+        )
     if not isinstance(body.get("from"), dict) or not _ADDRESS.match(str(body["from"].get("email", ""))):
-        return _errors(400, [{"message": "The from email does not contain a valid address.", "field": "from.email"}])
+        return _errors(
+            400, [{"message": "The from email does not contain a valid address.", "field": "from.email"}]
+        )
     content = body.get("content") or []
     if not content or any(not part.get("value") for part in content):
-        return _errors(400, [{"message": "Content values must be at least one character.", "field": "content"}])
+        return _errors(
+            400, [{"message": "Content values must be at least one character.", "field": "content"}]
+        )
     types = [part.get("type") for part in content]
     if "text/plain" in types and types.index("text/plain") != 0:
         return _errors(400, [{"message": "If present, text/plain must be first.", "field": "content.0.type"}])
@@ -66,9 +78,16 @@ def _validate(body: Any, rejected: set[str]) -> tuple[int, dict[str, Any]] | Non
         for to_index, recipient in enumerate(personalization.get("to") or [{}]):
             email = str(recipient.get("email", ""))
             if not _ADDRESS.match(email) or email.lower() in rejected:
-                errors.append({"message": "Does not contain a valid address.", "field": f"personalizations.{index}.to.{to_index}.email"})
+                errors.append(
+                    {
+                        "message": "Does not contain a valid address.",
+                        "field": f"personalizations.{index}.to.{to_index}.email",
+                    }
+                )
         if not (personalization.get("subject") or body.get("subject")):
-            errors.append({"message": "The subject is required.", "field": f"personalizations.{index}.subject"})
+            errors.append(
+                {"message": "The subject is required.", "field": f"personalizations.{index}.subject"}
+            )
     return _errors(400, errors) if errors else None
 
 
@@ -78,7 +97,9 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet
         pass
 
-    def _reply(self, status: int, body: dict[str, Any] | None = None, headers: dict[str, str] | None = None) -> None:
+    def _reply(
+        self, status: int, body: dict[str, Any] | None = None, headers: dict[str, str] | None = None
+    ) -> None:
         payload = json.dumps(body).encode() if body is not None else b""
         self.send_response(status)
         for name, value in (headers or {}).items():
@@ -94,7 +115,17 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path.rstrip("/") != "/v3/mail/send":
             return self._reply(404, {"errors": [{"message": "not found"}]})
         if self.headers.get("Authorization") != f"Bearer {state.api_key}":
-            return self._reply(401, {"errors": [{"message": "The provided authorization grant is invalid, expired, or revoked", "field": None}]})
+            return self._reply(
+                401,
+                {
+                    "errors": [
+                        {
+                            "message": "The provided authorization grant is invalid, expired, or revoked",
+                            "field": None,
+                        }
+                    ]
+                },
+            )
         with state.lock:
             fail_status, rejected = state.fail_status, set(state.rejected)
         if fail_status is not None:

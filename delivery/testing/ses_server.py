@@ -91,7 +91,9 @@ class _Proxy(BaseHTTPRequestHandler):
 class SESTestServer:
     """moto's SES plus the proxy. `endpoint_url` is what boto3 (SES_ENDPOINT_URL) should use."""
 
-    def __init__(self, verified_domains: tuple[str, ...] = ("example.com", "emailhub.local", "demo.example.com")):
+    def __init__(
+        self, verified_domains: tuple[str, ...] = ("example.com", "emailhub.local", "demo.example.com")
+    ):
         self.moto_port = free_port()
         self._moto = ThreadedMotoServer(ip_address="127.0.0.1", port=self.moto_port, verbose=False)
         self._proxy = BackgroundHTTPServer(_Proxy)
