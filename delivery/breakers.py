@@ -65,6 +65,17 @@ def reset_process_state() -> None:
     _redis = None
 
 
+# Record a state change once, however many processes report it. Two processes whose calls fail
+# together both tell pybreaker to open the circuit, each from its own view of the old state;
+# only the first of them changes the shared state, so only it is counted and logged.
+_RECORD_CHANGE = """
+if redis.call('HGET', KEYS[1], 'state') == ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'state', ARGV[1], 'last_change', ARGV[2], 'last_change_at', ARGV[3])
+redis.call('HINCRBY', KEYS[1], 'changes_to_' .. ARGV[1], 1)
+return 1
+"""
+
+
 class _Recorder(pybreaker.CircuitBreakerListener):
     """Logs and counts every state change, and remembers the provider's last error."""
 
@@ -74,26 +85,26 @@ class _Recorder(pybreaker.CircuitBreakerListener):
     def state_change(self, cb: pybreaker.CircuitBreaker, old_state: object, new_state: object) -> None:
         old = getattr(old_state, "name", str(old_state))
         new = getattr(new_state, "name", str(new_state))
-        log = logger.warning if new == pybreaker.STATE_OPEN else logger.info
-        log("circuit breaker for %s: %s -> %s", self.provider, old, new)
         try:
-            pipe = redis_client().pipeline()
-            key = STATS_KEY.format(name=self.provider)
-            pipe.hincrby(key, f"changes_to_{new}", 1)
-            pipe.hset(key, mapping={"last_change": f"{old}->{new}", "last_change_at": time.time()})
-            pipe.execute()
+            changed = redis_client().eval(
+                _RECORD_CHANGE, 1, STATS_KEY.format(name=self.provider), new, f"{old}->{new}", time.time()
+            )
         except redis_lib.RedisError as exc:
             logger.warning("could not record breaker change for %s: %s", self.provider, exc)
+            changed = 1
+        if changed:
+            log = logger.warning if new == pybreaker.STATE_OPEN else logger.info
+            log("circuit breaker for %s: %s -> %s", self.provider, old, new)
 
     def failure(self, cb: pybreaker.CircuitBreaker, exc: BaseException) -> None:
+        key = STATS_KEY.format(name=self.provider)
         try:
-            redis_client().hset(
-                STATS_KEY.format(name=self.provider),
-                mapping={"last_error": str(exc)[:1000], "last_error_at": time.time()},
-            )
-            redis_client().hincrby(STATS_KEY.format(name=self.provider), "failures", 1)
+            pipe = redis_client().pipeline()
+            pipe.hset(key, mapping={"last_error": str(exc)[:1000], "last_error_at": time.time()})
+            pipe.hincrby(key, "failures", 1)
+            pipe.execute()
         except redis_lib.RedisError:
-            pass
+            pass  # the breaker itself fails open; losing a statistic is fine
 
 
 def breaker_for(name: str) -> pybreaker.CircuitBreaker:

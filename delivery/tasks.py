@@ -5,11 +5,12 @@ from __future__ import annotations
 import logging
 
 from celery import shared_task
-from celery.signals import worker_process_init, worker_process_shutdown
+from celery.signals import worker_init, worker_process_init, worker_process_shutdown
 
 from delivery.breakers import reset_process_state
 from delivery.providers import close_all
 from delivery.services import outbox, sweeps
+from delivery.services.sending import check_provider_settings
 from delivery.services.sending import send_messages as send_messages_service
 
 logger = logging.getLogger(__name__)
@@ -29,6 +30,14 @@ def relay_outbox() -> int:
 @shared_task(name="delivery.requeue_stale_sending", ignore_result=True)
 def requeue_stale_sending() -> int:
     return sweeps.requeue_stale_sending()
+
+
+@worker_init.connect
+def _check_providers(**_: object) -> None:
+    # A worker whose provider chain cannot work must not start and take tasks it would only
+    # fail; the error names the setting to fix.
+    check_provider_settings()
+    close_all()
 
 
 @worker_process_init.connect

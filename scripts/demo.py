@@ -1,9 +1,11 @@
 """`make demo`: emailhub's whole pipeline on this machine, start to finish.
 
-Starts an SMTP sink, the web app, both worker pools, beat and the scheduler; sends a burst of
-messages of all four priorities through the HTTP API (plus one scheduled a few seconds ahead);
-shows progress; prints what was sent and the latency from acceptance to the SMTP server's 250
-per priority; stops every process it started.
+Starts an SMTP sink, a local Amazon SES (moto) and a local SendGrid, the web app, both worker
+pools, beat and the scheduler. Transactional mail goes SES → SendGrid → SMTP, bulk mail
+SMTP → SendGrid → SES. It sends a burst of messages of all four priorities through the HTTP API
+(plus one scheduled a few seconds ahead); halfway through, SES starts answering 500 to
+everything, so the demo shows the circuit breaker opening and mail moving to SendGrid. It prints
+per-priority latency from acceptance to the provider's acceptance, and stops everything.
 """
 
 from __future__ import annotations
@@ -18,11 +20,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "emailhub.settings")
+# The demo keeps its broker queues, breakers and buckets in a Redis database of its own, emptied
+# at start, so an earlier run (an SES breaker left open, say) cannot change what it shows.
+DEMO_REDIS_URL = os.environ.get("DEMO_REDIS_URL", "redis://127.0.0.1:6379/13")
+os.environ["REDIS_URL"] = os.environ["CELERY_BROKER_URL"] = DEMO_REDIS_URL
 
 import django  # noqa: E402
 
 django.setup()
 
+import redis  # noqa: E402
 import requests  # noqa: E402
 from django.db.models import F  # noqa: E402
 from rich.console import Console  # noqa: E402
@@ -31,6 +38,8 @@ from rich.table import Table  # noqa: E402
 
 from delivery.authentication import create_api_key  # noqa: E402
 from delivery.models import Message  # noqa: E402
+from delivery.testing.sendgrid_server import SendGridTestServer  # noqa: E402
+from delivery.testing.ses_server import SESTestServer  # noqa: E402
 from delivery.testing.smtp_server import free_port  # noqa: E402
 from scripts.stack import PROCESSES, ROOT, Stack, with_option  # noqa: E402
 
@@ -66,10 +75,15 @@ def start_processes(stack: Stack, sink_port: int, web_port: int) -> None:
         console.print(f"  [green]✓[/] {name:<22} pid {process.popen.pid}")
 
 
-def send_burst(base_url: str, key: str, progress: Progress) -> list[int]:
+def send_burst(base_url: str, key: str, progress: Progress, ses: SESTestServer) -> tuple[list[int], float]:
+    """Send the burst; halfway through, make SES fail. Returns the ids and when SES broke."""
     session_headers = {"Authorization": f"Bearer {key}"}
-    jobs = [(priority, n) for priority, count in BURST.items() for n in range(count)]
-    task = progress.add_task("accepted by the API", total=len(jobs) + 1)
+    # Each priority's messages are split evenly between the halves sent before and after SES breaks.
+    halves: list[list[tuple[str, int]]] = [[], []]
+    for priority, count in BURST.items():
+        halves[0] += [(priority, n) for n in range(count // 2)]
+        halves[1] += [(priority, n) for n in range(count // 2, count)]
+    task = progress.add_task("accepted by the API", total=sum(BURST.values()) + 1)
     sessions: dict[int, requests.Session] = {}
 
     def post(job: tuple[str, int]) -> int:
@@ -88,7 +102,13 @@ def send_burst(base_url: str, key: str, progress: Progress) -> list[int]:
         return int(response.json()["id"])
 
     with ThreadPoolExecutor(max_workers=8) as pool:
-        ids = list(pool.map(post, jobs))
+        ids = list(pool.map(post, sorted(halves[0], key=lambda job: job[1])))
+        ses.fail_with(500)
+        broke_at = time.time()
+        progress.console.print(
+            f"  [bold red]✗ SES starts answering HTTP 500 to every send[/] ({datetime.now(UTC):%H:%M:%S.%f})"
+        )
+        ids += list(pool.map(post, sorted(halves[1], key=lambda job: job[1])))
     send_at = (datetime.now(UTC) + SCHEDULE_AHEAD).isoformat()
     scheduled = requests.post(
         f"{base_url}/api/v1/messages",
@@ -106,11 +126,11 @@ def send_burst(base_url: str, key: str, progress: Progress) -> list[int]:
     console.print(
         f"  scheduled message #{scheduled.json()['id']} for {send_at} ({scheduled.json()['status']})"
     )
-    return [*ids, int(scheduled.json()["id"])]
+    return [*ids, int(scheduled.json()["id"])], broke_at
 
 
 def wait_until_sent(ids: list[int], progress: Progress) -> None:
-    task = progress.add_task("sent (SMTP 250)", total=len(ids))
+    task = progress.add_task("accepted by a provider", total=len(ids))
     deadline = time.monotonic() + TIMEOUT_SECONDS
     while time.monotonic() < deadline:
         done = Message.objects.filter(pk__in=ids, status__in=["sent", "failed", "suppressed"]).count()
@@ -124,7 +144,7 @@ def summarize(ids: list[int]) -> bool:
     # The scheduled message waits on purpose; it is reported on its own line, not in the table.
     rows = list(Message.objects.filter(pk__in=ids).annotate(latency=F("sent_at") - F("created_at")))
     scheduled = next((r for r in rows if r.to_email == "later@demo.example.com"), None)
-    table = Table(title="emailhub demo: accept → SMTP 250, per priority")
+    table = Table(title="emailhub demo: accepted by the API → accepted by the provider")
     for column in ("priority", "messages", "sent", "p50 ms", "p99 ms", "max ms", "provider"):
         table.add_column(column, justify="right" if column not in ("priority", "provider") else "left")
     all_sent = True
@@ -146,18 +166,68 @@ def summarize(ids: list[int]) -> bool:
             f"scheduled message: due {scheduled.due_at:%H:%M:%S}, sent {late:.2f} s after its due time"
         )
     sent_total = sum(1 for r in rows if r.status == "sent")
-    console.print(f"[bold]{sent_total} of {len(ids)} messages sent[/]")
+    by_provider = {name: sum(1 for r in rows if r.provider == name) for name in ("ses", "sendgrid", "smtp")}
+    console.print(
+        f"[bold]{sent_total} of {len(ids)} messages sent[/]: "
+        + ", ".join(f"{count} via {name}" for name, count in by_provider.items())
+    )
     return all_sent and sent_total == len(ids)
+
+
+def show_failover(
+    base_url: str, key: str, ids: list[int], broke_at: float, ses: SESTestServer, stack: Stack
+) -> None:
+    health = requests.get(
+        f"{base_url}/api/v1/providers", headers={"Authorization": f"Bearer {key}"}, timeout=5
+    ).json()
+    circuit = next(p for p in health["providers"] if p["name"] == "ses")["circuit"]
+    first = (
+        Message.objects.filter(pk__in=ids, provider="sendgrid", priority__in=["critical", "high"])
+        .order_by("sent_at")
+        .values_list("sent_at", flat=True)
+        .first()
+    )
+    console.rule("failover")
+    for line in stack.processes["worker-transactional"].log().splitlines():
+        if "circuit breaker for" in line:
+            console.print(f"  worker log: {line.split(' ', 3)[-1]}")
+    console.print(
+        f"  SES refused {ses.refused_count} call(s); its circuit is [bold]{circuit['state']}[/] "
+        f"(opens after {circuit['fail_max']} consecutive failures, probes again after {circuit['reset_timeout']:.0f} s)"
+    )
+    if first is not None:
+        console.print(
+            f"  first transactional message through SendGrid {(first.timestamp() - broke_at) * 1000:.0f} ms after SES broke"
+        )
 
 
 def main() -> int:
     sink_port, web_port = free_port(), free_port()
-    env = {"SMTP_PORT": str(sink_port), "DJANGO_SETTINGS_MODULE": "emailhub.settings"}
+    redis.Redis.from_url(DEMO_REDIS_URL).flushdb()
     log_dir = ROOT / "var" / "demo-logs"
     console.rule("[bold]emailhub demo")
     console.print(f"process logs: {log_dir}")
+    ses, sendgrid = SESTestServer(), SendGridTestServer()
+    env = {
+        "DJANGO_SETTINGS_MODULE": "emailhub.settings",
+        "REDIS_URL": DEMO_REDIS_URL,
+        "CELERY_BROKER_URL": DEMO_REDIS_URL,
+        "SMTP_PORT": str(sink_port),
+        "EMAILHUB_PROVIDERS_TRANSACTIONAL": "ses,sendgrid,smtp",
+        "EMAILHUB_PROVIDERS_BULK": "smtp,sendgrid,ses",
+        "SES_ENDPOINT_URL": ses.endpoint_url,
+        "SES_ACCESS_KEY_ID": "demo",
+        "SES_SECRET_ACCESS_KEY": "demo",
+        "SENDGRID_API_KEY": sendgrid.api_key,
+        "SENDGRID_HOST": sendgrid.url,
+    }
     stack = Stack(env=env, log_dir=log_dir)
     try:
+        with console.status("starting local SES (moto) and SendGrid…"):
+            ses.__enter__()
+            sendgrid.__enter__()
+        console.print(f"  [green]✓[/] local SES (moto)       {ses.endpoint_url}")
+        console.print(f"  [green]✓[/] local SendGrid         {sendgrid.url}")
         start_processes(stack, sink_port, web_port)
         _, key = create_api_key(f"demo-{int(time.time() * 1000)}")
         base_url = f"http://127.0.0.1:{web_port}"
@@ -169,15 +239,21 @@ def main() -> int:
         )
         with Progress(*columns, console=console) as progress:
             started = time.monotonic()
-            ids = send_burst(base_url, key, progress)
+            ids, broke_at = send_burst(base_url, key, progress, ses)
             wait_until_sent(ids, progress)
             elapsed = time.monotonic() - started
         ok = summarize(ids)
         console.print(f"whole burst: {len(ids)} messages in {elapsed:.1f} s")
+        show_failover(base_url, key, ids, broke_at, ses, stack)
     finally:
         sink = stack.processes.get("smtp-sink")
         with console.status("stopping every process the demo started…"):
             stack.stop_all()
+            for server in (ses, sendgrid):
+                try:
+                    server.__exit__(None, None, None)
+                except Exception:  # noqa: BLE001 - a server that never started has nothing to stop
+                    pass
         console.print("all demo processes stopped")
     if sink is not None:
         console.print(f"the SMTP sink says: {sink.log().strip().splitlines()[-1]}")

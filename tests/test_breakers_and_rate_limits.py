@@ -135,3 +135,23 @@ def test_gateway_skips_a_provider_without_quota_and_sends_what_fits(settings) ->
         assert [r.outcome.value for r in send_via("counting", emails[:1], transactional=True)] == ["accepted"]
     finally:
         providers._instances.pop("counting", None)
+
+
+def test_two_processes_tripping_at_once_count_one_opening() -> None:
+    for _ in range(2):
+        with pytest.raises(ProviderUnavailable):
+            breakers.guarded_call("ses", down)
+    first = breakers.breaker_for("ses")
+    another_process()
+    second = breakers.breaker_for("ses")
+
+    def in_flight_when_the_other_trips() -> list[SendResult]:
+        with pytest.raises(ProviderUnavailable):
+            breakers._call(second, down)  # the third failure: the other process opens it
+        raise ProviderUnavailable("timed out")  # then this call, started while closed, fails too
+
+    with pytest.raises(ProviderUnavailable):
+        breakers._call(first, in_flight_when_the_other_trips)
+    snapshot = breakers.snapshot("ses")
+    assert snapshot["state"] == "open" and snapshot["failures_total"] == 4
+    assert snapshot["times_opened"] == 1

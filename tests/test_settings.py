@@ -50,3 +50,31 @@ def test_a_process_with_a_wrong_setting_fails_at_start_up_naming_it() -> None:
     )
     assert result.returncode != 0
     assert "SMTP_PORT must be a whole number" in result.stderr
+
+
+def test_a_provider_chain_that_cannot_work_fails_the_start_up_check() -> None:
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "emailhub.settings",
+        "EMAILHUB_PROVIDERS_BULK": "sendgrid,smtp",
+        "SENDGRID_API_KEY": "",
+    }
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode != 0
+    assert "delivery.E001" in result.stderr and "SENDGRID_API_KEY" in result.stderr
+
+
+def test_an_unknown_provider_name_is_refused_naming_the_setting() -> None:
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "emailhub.settings",
+        "EMAILHUB_PROVIDERS_BULK": "smtp,mailchimp",
+    }
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert (
+        result.returncode != 0 and "EMAILHUB_PROVIDERS_BULK has unknown value(s) mailchimp" in result.stderr
+    )
