@@ -145,6 +145,12 @@ def _probe_due(breaker: pybreaker.CircuitBreaker) -> bool:
     return time.time() >= opened_at.timestamp() + breaker.reset_timeout
 
 
+def is_open(name: str) -> bool:
+    """True while the provider's circuit is open and no probe is due yet (a cheap pre-check)."""
+    breaker = breaker_for(name)
+    return breaker.current_state == pybreaker.STATE_OPEN and not _probe_due(breaker)
+
+
 def guarded_call(name: str, func: Callable[[], T]) -> T:
     """Call `func` through the provider's breaker; raise CircuitOpen if the provider is skipped.
 

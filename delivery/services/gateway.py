@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 
 from django.conf import settings
 
-from delivery.breakers import CircuitOpen, breaker_for, guarded_call
+from delivery.breakers import CircuitOpen, guarded_call, is_open
 from delivery.providers import OutgoingEmail, SendResult, get_provider
 from delivery.ratelimit import bucket_for
 
@@ -22,11 +21,9 @@ TRANSACTIONAL_MAX_WAIT_SECONDS = 1.0
 
 def send_via(name: str, emails: Sequence[OutgoingEmail], *, transactional: bool) -> list[SendResult]:
     """One result per email. Raises ProviderSkipped, or ProviderUnavailable (counted by the breaker)."""
-    breaker = breaker_for(name)
-    if breaker.current_state == "open":
-        opened_at = breaker._state_storage.opened_at
-        if opened_at is not None and opened_at.timestamp() + breaker.reset_timeout > _now():
-            raise ProviderSkipped(f"{name}: circuit open")
+    # Checked before taking tokens, so a provider that is skipped anyway costs no quota.
+    if is_open(name):
+        raise ProviderSkipped(f"{name}: circuit open")
     bucket = bucket_for(name)
     allowed = len(emails)
     if bucket is not None:
@@ -43,7 +40,3 @@ def send_via(name: str, emails: Sequence[OutgoingEmail], *, transactional: bool)
     except CircuitOpen as exc:
         raise ProviderSkipped(str(exc)) from exc
     return results + [SendResult.transient(f"{name}: send-rate quota used up") for _ in later]
-
-
-def _now() -> float:
-    return time.time()
