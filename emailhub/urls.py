@@ -19,6 +19,7 @@ urlpatterns = [
     path("admin/providers/", admin.site.admin_view(provider_health_view), name="admin-provider-health"),
     path("admin/", admin.site.urls),
     path("api/v1/", include("delivery.api.urls")),
+    path("api/v1/", include("campaigns.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("healthz", healthz, name="healthz"),

@@ -1,0 +1,5 @@
+"""Templates and campaigns (routes in `urlpatterns`)."""
+
+from __future__ import annotations
+
+urlpatterns: list = []

@@ -1,0 +1,10 @@
+"""API v1 routes owned by the campaigns app (contacts, lists, suppressions, templates, campaigns)."""
+
+from __future__ import annotations
+
+from django.urls import include, path
+
+urlpatterns = [
+    path("", include("campaigns.api.contacts")),
+    path("", include("campaigns.api.campaigns")),
+]
