@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from campaigns.models import Contact, Suppression, Template
+from django.db import connection, transaction
+from django.db.models import ProtectedError
+
+from campaigns.models import Contact, ContactList, ListMembership, Suppression, Template
 from campaigns.templating import EmailTemplate
 
 
@@ -37,3 +40,52 @@ def suppress(email: str, reason: str, detail: str = "") -> bool:
         email=email.lower(), defaults={"reason": reason, "detail": detail[:2000]}
     )
     return created
+
+
+class ListInUse(Exception):
+    """A list that campaigns or recurring schedules point at cannot be deleted (FK PROTECT)."""
+
+    def __init__(self, contact_list: ContactList, users: list[str]) -> None:
+        super().__init__(
+            f"list {contact_list.name!r} is used by {', '.join(users)}: "
+            "delete those or point them at another list first"
+        )
+        self.users = users
+
+
+def delete_contact_list(contact_list: ContactList) -> None:
+    """Delete a list and its memberships; its contacts stay. Raises ListInUse while it is used."""
+    try:
+        with transaction.atomic():
+            contact_list.delete()
+    except ProtectedError as exc:
+        users = sorted(f"{obj._meta.verbose_name} {obj.pk} ({obj})" for obj in exc.protected_objects)
+        raise ListInUse(contact_list, users) from None
+
+
+def add_list_members(contact_list: ContactList, contact_ids: list[int]) -> int:
+    """Add contacts to a list in one statement; returns how many were not members yet.
+
+    Ids of contacts that do not exist (or were deleted meanwhile) are skipped by the join.
+    """
+    if not contact_ids:
+        return 0
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO campaigns_listmembership (contact_list_id, contact_id)
+            SELECT %s, c.id FROM campaigns_contact AS c WHERE c.id = ANY(%s::bigint[])
+            ON CONFLICT (contact_list_id, contact_id) DO NOTHING
+            """,
+            [contact_list.pk, list(contact_ids)],
+        )
+        return cursor.rowcount
+
+
+def remove_list_members(contact_list: ContactList, contact_ids: list[int]) -> int:
+    """Remove contacts from a list (the contacts stay); returns how many were members."""
+    if not contact_ids:
+        return 0
+    # No signals or dependants, so Django deletes with one DELETE … WHERE, not row by row.
+    removed, _ = ListMembership.objects.filter(contact_list=contact_list, contact_id__in=contact_ids).delete()
+    return removed

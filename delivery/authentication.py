@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import time
 
+from django.conf import settings
+from django.db.models.signals import post_save
+from django.dispatch import receiver
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
@@ -13,8 +17,28 @@ from delivery.models import ApiKey
 KEY_PREFIX = "eh_"
 
 
+# hash -> (key, monotonic expiry). Per process; see EMAILHUB_API_KEY_CACHE_SECONDS.
+_cache: dict[str, tuple[ApiKey, float]] = {}
+
+
 def hash_key(raw_key: str) -> str:
     return hashlib.sha256(raw_key.encode()).hexdigest()
+
+
+def forget_cached_keys() -> None:
+    _cache.clear()
+
+
+def _lookup(key_hash: str) -> ApiKey | None:
+    cached = _cache.get(key_hash)
+    if cached is not None and cached[1] > time.monotonic():
+        return cached[0]
+    key = ApiKey.objects.filter(key_hash=key_hash, revoked_at__isnull=True).first()
+    if key is None:
+        _cache.pop(key_hash, None)
+    elif settings.EMAILHUB_API_KEY_CACHE_SECONDS > 0:
+        _cache[key_hash] = (key, time.monotonic() + settings.EMAILHUB_API_KEY_CACHE_SECONDS)
+    return key
 
 
 def create_api_key(name: str) -> tuple[ApiKey, str]:
@@ -34,7 +58,7 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         scheme, _, raw = header.partition(" ")
         if scheme.lower() != self.keyword.lower() or not raw.strip():
             raise exceptions.AuthenticationFailed("use the header `Authorization: Bearer <api key>`")
-        key = ApiKey.objects.filter(key_hash=hash_key(raw.strip()), revoked_at__isnull=True).first()
+        key = _lookup(hash_key(raw.strip()))
         if key is None:
             raise exceptions.AuthenticationFailed("unknown or revoked API key")
         return (None, key)
@@ -51,3 +75,9 @@ class HasApiKey:
 
     def has_object_permission(self, request: Request, view: object, obj: object) -> bool:
         return True
+
+
+@receiver(post_save, sender=ApiKey)
+def _forget_on_change(**_: object) -> None:
+    # A revocation takes effect at once in this process; others follow within the cache time.
+    forget_cached_keys()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from celery import Celery
-from celery.signals import beat_init
+from celery.signals import beat_init, task_prerun
 from kombu import Exchange, Queue
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "emailhub.settings")
@@ -23,6 +23,15 @@ app.conf.task_queues = [
     for name in (*PRIORITY_QUEUES, "campaigns", "system")
 ]
 app.autodiscover_tasks()
+
+
+@task_prerun.connect
+def _fresh_database_connection(**_: object) -> None:
+    # What Django does at the start of every request: drop a connection that broke or outlived
+    # CONN_MAX_AGE, keep a healthy one (see CELERY_DB_REUSE_MAX in settings).
+    from django.db import close_old_connections
+
+    close_old_connections()
 
 
 @beat_init.connect

@@ -140,3 +140,12 @@ def test_backoff_grows_exponentially_with_jitter_and_a_cap(settings) -> None:  #
     for attempt, ceiling in [(1, 10), (2, 20), (3, 40), (4, 80), (5, 100), (9, 100)]:
         delays = [retry_delay(attempt).total_seconds() for _ in range(50)]
         assert all(ceiling / 2 <= d <= ceiling for d in delays), attempt
+
+
+def test_a_message_that_cannot_be_built_fails_without_suppressing_the_address(smtp: SMTPTestServer) -> None:
+    message = queued("zoë@example.com")
+    send_messages([message.pk])
+    message.refresh_from_db()
+    assert message.status == "failed" and "SMTPUTF8" in message.last_error
+    assert not Suppression.objects.exists()
+    assert smtp.count == 0

@@ -38,6 +38,9 @@ class SendResult:
     outcome: Outcome
     provider_message_id: str | None = None
     error: str = ""
+    # A permanent failure normally suppresses the address; not when the message itself is at
+    # fault (it could not be built), since the address may be fine.
+    suppress: bool = True
 
     @classmethod
     def accepted(cls, provider_message_id: str | None) -> SendResult:
@@ -50,6 +53,10 @@ class SendResult:
     @classmethod
     def permanent(cls, error: str) -> SendResult:
         return cls(Outcome.PERMANENT, error=error)
+
+    @classmethod
+    def unbuildable(cls, error: str) -> SendResult:
+        return cls(Outcome.PERMANENT, error=f"message cannot be built: {error}", suppress=False)
 
 
 class Provider:
@@ -69,6 +76,8 @@ class Provider:
         for email in emails:
             try:
                 results.append(self.send_one(email))
+            except ValueError as exc:  # raised by delivery.providers.mime for what it cannot encode
+                results.append(SendResult.unbuildable(str(exc)))
             except ProviderUnavailable as exc:
                 if not results:
                     raise

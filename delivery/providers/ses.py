@@ -14,7 +14,8 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from delivery.exceptions import ProviderUnavailable
 from delivery.providers.base import OutgoingEmail, Provider, SendResult
-from delivery.providers.smtp import bare_address, build_mime
+from delivery.providers.mime import ascii_address, render
+from delivery.providers.smtp import bare_address
 
 # SES error codes (https://docs.aws.amazon.com/ses/latest/APIReference-V2/API_SendEmail.html).
 THROTTLING = {"TooManyRequestsException", "Throttling", "ThrottlingException", "LimitExceededException"}
@@ -57,11 +58,11 @@ class SESProvider(Provider):
         )
 
     def send_one(self, email: OutgoingEmail) -> SendResult:
-        _, mime = build_mime(email, message_id_domain=self.message_id_domain)
+        _, data = render(email, message_id_domain=self.message_id_domain)
         request: dict = {
             "FromEmailAddress": bare_address(email.from_email),
-            "Destination": {"ToAddresses": [email.to]},
-            "Content": {"Raw": {"Data": mime.as_bytes()}},
+            "Destination": {"ToAddresses": [ascii_address(email.to)]},
+            "Content": {"Raw": {"Data": data}},
         }
         if self.configuration_set:
             request["ConfigurationSetName"] = self.configuration_set

@@ -10,41 +10,15 @@ from __future__ import annotations
 import logging
 import smtplib
 import socket
-from datetime import UTC, datetime
-from email.message import EmailMessage
-from email.policy import SMTP as SMTP_POLICY
-from email.utils import format_datetime, make_msgid, parseaddr
+from email.utils import parseaddr
 
 from delivery.exceptions import ProviderUnavailable
 from delivery.providers.base import OutgoingEmail, Provider, SendResult
+from delivery.providers.mime import ascii_address, render
 
 logger = logging.getLogger(__name__)
 
 _CONNECTION_ERRORS = (smtplib.SMTPServerDisconnected, ConnectionError, socket.timeout, OSError)
-
-
-def build_mime(email: OutgoingEmail, *, message_id_domain: str) -> tuple[str, EmailMessage]:
-    """A multipart/alternative message (text, then HTML) with each required header exactly once."""
-    message = EmailMessage(policy=SMTP_POLICY)
-    message_id = make_msgid(idstring=str(email.message_id), domain=message_id_domain)
-    message["Message-ID"] = message_id
-    message["Date"] = format_datetime(datetime.now(UTC))
-    message["From"] = email.from_email
-    message["To"] = email.to
-    message["Subject"] = email.subject
-    if email.reply_to:
-        message["Reply-To"] = email.reply_to
-    message["X-Emailhub-Message"] = str(email.message_id)
-    for name, value in email.headers.items():
-        message[name] = value
-    message.set_content(email.text or _html_to_text_fallback(email.html))
-    if email.html:
-        message.add_alternative(email.html, subtype="html")
-    return message_id, message
-
-
-def _html_to_text_fallback(html: str) -> str:
-    return "This message is best viewed in an HTML mail client." if html else ""
 
 
 class SMTPProvider(Provider):
@@ -101,13 +75,13 @@ class SMTPProvider(Provider):
                 self._connection = None
 
     def send_one(self, email: OutgoingEmail) -> SendResult:
-        message_id, mime = build_mime(email, message_id_domain=self.message_id_domain)
+        message_id, data = render(email, message_id_domain=self.message_id_domain)
         for attempt in (1, 2):
             connection = self._connect()
             try:
                 try:
-                    refused = connection.send_message(
-                        mime, from_addr=bare_address(email.from_email), to_addrs=[email.to]
+                    refused = connection.sendmail(
+                        ascii_address(bare_address(email.from_email)), [ascii_address(email.to)], data
                     )
                 except smtplib.SMTPRecipientsRefused as exc:
                     code, reply = next(iter(exc.recipients.values()))
@@ -128,7 +102,7 @@ class SMTPProvider(Provider):
                     continue  # the persistent connection went stale: reconnect once
                 raise ProviderUnavailable(f"SMTP connection lost: {exc}") from exc
             if refused:
-                code, reply = refused[email.to]
+                code, reply = next(iter(refused.values()))
                 return _result_for_code(code, reply, "recipient refused")
             return SendResult.accepted(message_id.strip("<>"))
         raise AssertionError("unreachable")  # pragma: no cover

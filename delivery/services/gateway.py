@@ -21,12 +21,13 @@ TRANSACTIONAL_MAX_WAIT_SECONDS = 1.0
 
 def send_via(name: str, emails: Sequence[OutgoingEmail], *, transactional: bool) -> list[SendResult]:
     """One result per email. Raises ProviderSkipped, or ProviderUnavailable (counted by the breaker)."""
-    # Checked before taking tokens, so a provider that is skipped anyway costs no quota.
-    if is_open(name):
-        raise ProviderSkipped(f"{name}: circuit open")
     bucket = bucket_for(name)
     allowed = len(emails)
     if bucket is not None:
+        # Checked before taking tokens, so a provider that is skipped anyway costs no quota.
+        # (Without a bucket guarded_call's own check suffices: one Redis round trip less.)
+        if is_open(name):
+            raise ProviderSkipped(f"{name}: circuit open")
         max_wait = (
             TRANSACTIONAL_MAX_WAIT_SECONDS if transactional else settings.EMAILHUB_RATE_MAX_WAIT_SECONDS
         )

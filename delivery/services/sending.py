@@ -20,7 +20,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from campaigns.models import Contact, Priority, Suppression, Template
-from campaigns.services import compile_template, contact_context, suppressed_addresses
+from campaigns.services import compile_template, contact_context
 from campaigns.templating import EmailTemplate
 from delivery.exceptions import ProviderConfigurationError, ProviderUnavailable
 from delivery.models import MessageStatus
@@ -43,17 +43,19 @@ def provider_chain(pool: str) -> list[str]:
     return list(settings.EMAILHUB_PROVIDERS_BULK)
 
 
+# The claim also reports whether each address is suppressed, saving a query per batch.
 _CLAIM_SQL = """
-UPDATE delivery_message
+UPDATE delivery_message AS m
    SET status = 'sending', attempts = attempts + 1, claimed_at = clock_timestamp()
- WHERE id = ANY(%s) AND status = 'queued'
-RETURNING id, campaign_id, contact_id, template_id, to_email, from_email, reply_to,
-          subject, html, text, context, priority, attempts
+ WHERE m.id = ANY(%s) AND m.status = 'queued'
+RETURNING m.id, m.campaign_id, m.contact_id, m.template_id, m.to_email, m.from_email, m.reply_to,
+          m.subject, m.html, m.text, m.context, m.priority, m.attempts,
+          EXISTS (SELECT 1 FROM campaigns_suppression AS s WHERE s.email = lower(m.to_email))
 """
 
 _CLAIM_COLUMNS = (
     "id", "campaign_id", "contact_id", "template_id", "to_email", "from_email", "reply_to",
-    "subject", "html", "text", "context", "priority", "attempts",
+    "subject", "html", "text", "context", "priority", "attempts", "suppressed",
 )  # fmt: skip
 
 
@@ -72,6 +74,7 @@ class ClaimedMessage:
     context: Any
     priority: str
     attempts: int
+    suppressed: bool
 
 
 @dataclass
@@ -102,16 +105,17 @@ def send_messages(message_ids: Sequence[int]) -> BatchReport:
     if not claimed:
         return report
 
-    blocked = suppressed_addresses([m.to_email for m in claimed])
-    if blocked:
-        suppressed = [m for m in claimed if m.to_email.lower() in blocked]
+    suppressed = [m for m in claimed if m.suppressed]
+    if suppressed:
         _record_final(
             [m.id for m in suppressed],
             MessageStatus.SUPPRESSED,
             ["address is on the suppression list"] * len(suppressed),
         )
         report.suppressed = len(suppressed)
-        claimed = [m for m in claimed if m.to_email.lower() not in blocked]
+        claimed = [m for m in claimed if not m.suppressed]
+        if not claimed:
+            return report
 
     emails = _render(claimed)
     by_id = {m.id: m for m in claimed}
@@ -133,12 +137,12 @@ def send_messages(message_ids: Sequence[int]) -> BatchReport:
             continue
         still_pending: list[OutgoingEmail] = []
         sent: list[tuple[int, str | None]] = []
-        permanent: list[tuple[int, str]] = []
+        permanent: list[tuple[int, str, bool]] = []
         for email, result in zip(pending, results, strict=True):
             if result.outcome is Outcome.ACCEPTED:
                 sent.append((email.message_id, result.provider_message_id))
             elif result.outcome is Outcome.PERMANENT:
-                permanent.append((email.message_id, f"{provider_name}: {result.error}"))
+                permanent.append((email.message_id, f"{provider_name}: {result.error}", result.suppress))
             else:
                 last_error[email.message_id] = f"{provider_name}: {result.error}"
                 still_pending.append(email)
@@ -158,9 +162,11 @@ def send_messages(message_ids: Sequence[int]) -> BatchReport:
 def _render(messages: Iterable[ClaimedMessage]) -> list[OutgoingEmail]:
     messages = list(messages)
     template_ids = {m.template_id for m in messages if m.template_id}
-    compiled: dict[int, EmailTemplate] = {
-        t.pk: compile_template(t) for t in Template.objects.filter(pk__in=template_ids)
-    }
+    compiled: dict[int, EmailTemplate] = (
+        {t.pk: compile_template(t) for t in Template.objects.filter(pk__in=template_ids)}
+        if template_ids
+        else {}
+    )
     contact_ids = {m.contact_id for m in messages if m.contact_id}
     contacts = Contact.objects.in_bulk(contact_ids) if contact_ids else {}
     default_from = settings.EMAILHUB_DEFAULT_FROM
@@ -219,16 +225,17 @@ def _record_final(ids: list[int], status: str, errors: list[str]) -> None:
         )
 
 
-def _record_permanent(permanent: list[tuple[int, str]], addresses: dict[int, str]) -> None:
+def _record_permanent(permanent: list[tuple[int, str, bool]], addresses: dict[int, str]) -> None:
     """A permanent refusal fails the message and suppresses the address for every later send."""
     if not permanent:
         return
     with transaction.atomic():
-        _record_final([i for i, _ in permanent], MessageStatus.FAILED, [e for _, e in permanent])
+        _record_final([i for i, _, _ in permanent], MessageStatus.FAILED, [e for _, e, _ in permanent])
         Suppression.objects.bulk_create(
             [
                 Suppression(email=addresses[i].lower(), reason=Suppression.Reason.BOUNCED, detail=e[:2000])
-                for i, e in permanent
+                for i, e, suppress in permanent
+                if suppress
             ],
             ignore_conflicts=True,
         )

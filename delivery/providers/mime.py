@@ -1,0 +1,112 @@
+"""Building the MIME message every provider that takes raw mail sends (SMTP, SES).
+
+The structure is always the same: headers, then text/plain and text/html as
+multipart/alternative (RFC 2046 §5.1.4: the preferred part last), both UTF-8 quoted-printable.
+Writing those bytes directly costs a few microseconds; the `email` package's EmailMessage
+took ~40% of a worker's time per message (profiled with cProfile), almost all of it in its
+header registry, which parses every header we have just generated. The tests parse what this
+writes with `email.policy.default` and require zero defects.
+"""
+
+from __future__ import annotations
+
+import binascii
+import uuid
+from datetime import UTC, datetime
+from email.header import Header
+from email.utils import format_datetime, formataddr, parseaddr
+
+from delivery.providers.base import OutgoingEmail
+
+CRLF = b"\r\n"
+# RFC 5322 §2.1.1: lines SHOULD be no longer than 78 characters.
+_MAX_PLAIN_HEADER = 78
+
+
+def _header(name: str, value: str) -> bytes:
+    if "\r" in value or "\n" in value:
+        raise ValueError(f"header {name} must not contain line breaks")
+    line = f"{name}: {value}"
+    if value.isascii() and len(line) <= _MAX_PLAIN_HEADER:
+        return line.encode("ascii")
+    # RFC 2047 encoded-words, folded; Header knows both.
+    encoded = Header(value, "utf-8", header_name=name).encode(linesep="\r\n")
+    return f"{name}: {encoded}".encode("ascii")
+
+
+def _address_header(name: str, value: str) -> bytes:
+    if "\r" in value or "\n" in value:
+        raise ValueError(f"header {name} must not contain line breaks")
+    display, address = parseaddr(value)
+    if not address or "@" not in address:
+        raise ValueError(f"{name} {value!r} is not an address")
+    address = ascii_address(address)
+    # formataddr quotes a plain display name and RFC 2047-encodes a non-ASCII one.
+    formatted = formataddr((display, address), charset="utf-8")
+    if len(formatted) + len(name) + 2 > 998:
+        raise ValueError(f"{name} is longer than an RFC 5322 line allows")
+    return f"{name}: {formatted}".encode("ascii")
+
+
+def _quoted_printable(text: str) -> bytes:
+    normalised = text.replace("\r\n", "\n").replace("\r", "\n").encode("utf-8")
+    encoded = binascii.b2a_qp(normalised, quotetabs=False, istext=True, header=False)
+    # A line that is just "." (or starts with "From ") is safe: SMTP dot-stuffing handles the
+    # first, and QP never produces the second unescaped at a line start (b2a_qp encodes "F").
+    return encoded.replace(b"\n", CRLF)
+
+
+def _part(content_type: str, body: str) -> bytes:
+    return (
+        f'Content-Type: {content_type}; charset="utf-8"\r\n'
+        "Content-Transfer-Encoding: quoted-printable\r\n\r\n"
+    ).encode("ascii") + _quoted_printable(body)
+
+
+def ascii_address(address: str) -> str:
+    """An internationalised domain becomes punycode (IDNA); a non-ASCII local part cannot be sent
+    without SMTPUTF8 (RFC 6531), which we do not negotiate, so it is refused."""
+    local, _, domain = address.rpartition("@")
+    if not local.isascii():
+        raise ValueError(f"address {address!r} has a non-ASCII local part; SMTPUTF8 is not supported")
+    if not domain.isascii():
+        try:
+            domain = domain.encode("idna").decode("ascii")
+        except UnicodeError as exc:
+            raise ValueError(f"address {address!r} has an invalid international domain") from exc
+    return f"{local}@{domain}"
+
+
+def new_message_id(message_id: int, domain: str) -> str:
+    return f"<{message_id}.{uuid.uuid4().hex}@{domain}>"
+
+
+def render(email: OutgoingEmail, *, message_id_domain: str) -> tuple[str, bytes]:
+    """(Message-ID, the message as CRLF bytes ready for SMTP DATA or SES raw content)."""
+    message_id = new_message_id(email.message_id, message_id_domain)
+    lines = [
+        _header("Message-ID", message_id),
+        _header("Date", format_datetime(datetime.now(UTC))),
+        _address_header("From", email.from_email),
+        _address_header("To", email.to),
+        _header("Subject", email.subject),
+    ]
+    if email.reply_to:
+        lines.append(_address_header("Reply-To", email.reply_to))
+    lines.append(_header("X-Emailhub-Message", str(email.message_id)))
+    for name, value in email.headers.items():
+        lines.append(_header(name, value))
+    lines.append(b"MIME-Version: 1.0")
+    text = email.text or ("" if not email.html else "This message is best viewed in an HTML mail client.")
+    if not email.html:
+        body = _part("text/plain", text)
+        return message_id, CRLF.join(lines) + CRLF + body + CRLF
+    boundary = f"=_emailhub_{uuid.uuid4().hex}"
+    lines.append(f'Content-Type: multipart/alternative; boundary="{boundary}"'.encode("ascii"))
+    delimiter = f"--{boundary}".encode("ascii")
+    body = (
+        delimiter + CRLF + _part("text/plain", text) + CRLF
+        + delimiter + CRLF + _part("text/html", email.html) + CRLF
+        + delimiter + b"--" + CRLF
+    )  # fmt: skip
+    return message_id, CRLF.join(lines) + CRLF + CRLF + body
