@@ -153,7 +153,13 @@ class Campaign(models.Model):
     # Fan-out progress: the last contact id written, so a killed fan-out resumes where it was.
     fanout_cursor = models.BigIntegerField(default=0)
     fanout_done = models.BooleanField(default=False)
-    total_count = models.PositiveIntegerField(default=0)
+    # Progress counters, each moved by the statement that moves the messages it counts.
+    total_count = models.PositiveIntegerField(default=0)  # messages created by fan-out
+    excluded_count = models.PositiveIntegerField(default=0)  # list members suppressed or inactive
+    sent_count = models.PositiveIntegerField(default=0)
+    failed_count = models.PositiveIntegerField(default=0)
+    suppressed_count = models.PositiveIntegerField(default=0)
+    cancelled_count = models.PositiveIntegerField(default=0)
 
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -166,3 +172,20 @@ class Campaign(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def finished_count(self) -> int:
+        return self.sent_count + self.failed_count + self.suppressed_count + self.cancelled_count
+
+    @property
+    def queued_count(self) -> int:
+        """Created and not finished yet: queued, sending or waiting for a retry."""
+        return max(0, self.total_count - self.finished_count)
+
+    @property
+    def percent_done(self) -> float:
+        """Finished messages over created ones; never 100 while fan-out is still creating them."""
+        if self.total_count == 0:
+            return 100.0 if self.fanout_done else 0.0
+        percent = 100 * self.finished_count / self.total_count
+        return round(percent if self.fanout_done else min(percent, 99.9), 1)

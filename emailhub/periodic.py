@@ -13,6 +13,7 @@ from typing import Any
 PERIODIC_TASKS: dict[str, tuple[str, int, int, str]] = {
     "emailhub: relay outbox": ("delivery.relay_outbox", 1, 5, "system"),
     "emailhub: requeue stale sends": ("delivery.requeue_stale_sending", 30, 60, "system"),
+    "emailhub: resume stalled fan-outs": ("campaigns.resume_stalled_fanouts", 15, 30, "system"),
 }
 
 

@@ -212,3 +212,9 @@ EMAILHUB_BATCH_SIZES = {
     "normal": env_int("EMAILHUB_BATCH_SIZE_NORMAL", 100, minimum=1),
     "low": env_int("EMAILHUB_BATCH_SIZE_LOW", 500, minimum=1),
 }
+
+# List members per fan-out transaction. Large enough that per-statement overhead vanishes,
+# small enough that a step holds the campaign row for well under a second.
+EMAILHUB_FANOUT_STEP = env_int("EMAILHUB_FANOUT_STEP", 20_000, minimum=1)
+# A sending campaign whose fan-out made no progress this long is handed to a new fan-out task.
+EMAILHUB_FANOUT_STALL_SECONDS = env_float("EMAILHUB_FANOUT_STALL_SECONDS", 60.0, minimum=1.0)

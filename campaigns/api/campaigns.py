@@ -1,5 +1,190 @@
-"""Templates and campaigns (routes in `urlpatterns`)."""
+"""Templates and campaigns: `/api/v1/templates`, `/api/v1/campaigns` and their actions."""
 
 from __future__ import annotations
 
-urlpatterns: list = []
+from typing import Any
+
+from django.db.models import ProtectedError
+from django.shortcuts import get_object_or_404
+from django.urls import path
+from drf_spectacular.utils import extend_schema
+from rest_framework import generics, serializers, status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from campaigns import lifecycle
+from campaigns.exceptions import CampaignStateError
+from campaigns.models import Campaign, Contact, ContactList, Template
+from campaigns.services import compile_template, contact_context
+from campaigns.templating import TemplateSyntaxError, check_syntax
+
+
+class TemplateSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Template
+        fields = ["id", "name", "subject", "html", "text", "defaults", "created_at", "updated_at"]
+        read_only_fields = ["id", "created_at", "updated_at"]
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        errors = {}
+        for field in ("subject", "html", "text"):
+            try:
+                check_syntax(attrs.get(field, getattr(self.instance, field, "")) or "")
+            except TemplateSyntaxError as exc:
+                errors[field] = str(exc)
+        if "\n" in (attrs.get("subject") or "") or "\r" in (attrs.get("subject") or ""):
+            errors["subject"] = "must not contain line breaks (CR or LF)"
+        if errors:
+            raise serializers.ValidationError(errors)
+        if not isinstance(attrs.get("defaults", {}), dict):
+            raise serializers.ValidationError({"defaults": "must be an object of variable: value"})
+        return attrs
+
+
+class CampaignSerializer(serializers.ModelSerializer):
+    template = serializers.SlugRelatedField(slug_field="name", queryset=Template.objects.all())
+    contact_list = serializers.PrimaryKeyRelatedField(queryset=ContactList.objects.all())
+    progress = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Campaign
+        fields = [
+            "id", "name", "template", "contact_list", "from_email", "priority", "status",
+            "schedule_type", "scheduled_at", "progress", "created_at", "started_at", "completed_at",
+        ]  # fmt: skip
+        read_only_fields = [
+            "id",
+            "status",
+            "schedule_type",
+            "scheduled_at",
+            "created_at",
+            "started_at",
+            "completed_at",
+        ]
+
+    def get_progress(self, campaign: Campaign) -> dict[str, Any]:
+        return {
+            "total": campaign.total_count,
+            "queued": campaign.queued_count,
+            "sent": campaign.sent_count,
+            "failed": campaign.failed_count,
+            "suppressed": campaign.suppressed_count,
+            "cancelled": campaign.cancelled_count,
+            "excluded": campaign.excluded_count,
+            "fanout_done": campaign.fanout_done,
+            "percent_done": campaign.percent_done,
+        }
+
+    def validate_from_email(self, value: str) -> str:
+        if "\r" in value or "\n" in value:
+            raise serializers.ValidationError("must not contain line breaks (CR or LF)")
+        return value
+
+    def update(self, instance: Campaign, validated_data: dict[str, Any]) -> Campaign:
+        if instance.status != Campaign.Status.DRAFT:
+            raise CampaignStateError(f"only a draft campaign can be edited; this one is {instance.status}")
+        return super().update(instance, validated_data)
+
+
+class ScheduleSerializer(serializers.Serializer):
+    type = serializers.ChoiceField(choices=Campaign.ScheduleType.choices)
+    scheduled_at = serializers.DateTimeField(required=False)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if attrs["type"] not in lifecycle.SUPPORTED_SCHEDULES:
+            raise serializers.ValidationError(
+                {"type": f"{attrs['type']!r} is not available yet; use immediate or at"}
+            )
+        if attrs["type"] == Campaign.ScheduleType.AT and "scheduled_at" not in attrs:
+            raise serializers.ValidationError({"scheduled_at": "required for type 'at'"})
+        return attrs
+
+
+def _conflict(exc: Exception) -> Response:
+    return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
+
+
+class TemplateList(generics.ListCreateAPIView):
+    queryset = Template.objects.all()
+    serializer_class = TemplateSerializer
+
+
+class TemplateDetail(generics.RetrieveUpdateDestroyAPIView):
+    queryset = Template.objects.all()
+    serializer_class = TemplateSerializer
+
+    def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        try:
+            return super().destroy(request, *args, **kwargs)
+        except ProtectedError:
+            return _conflict(Exception("campaigns or messages use this template; it cannot be deleted"))
+
+
+class TemplatePreview(APIView):
+    """Render a template for one contact (`contact` id) or an ad-hoc `context`."""
+
+    @extend_schema(request=dict, responses={200: dict})
+    def post(self, request: Request, pk: int) -> Response:
+        template = get_object_or_404(Template, pk=pk)
+        contact = None
+        if request.data.get("contact") is not None:
+            contact = Contact.objects.filter(pk=request.data["contact"]).first()
+            if contact is None:
+                return Response({"contact": ["no such contact"]}, status=status.HTTP_400_BAD_REQUEST)
+        extra = request.data.get("context") or {}
+        if not isinstance(extra, dict):
+            return Response({"context": ["must be an object"]}, status=status.HTTP_400_BAD_REQUEST)
+        rendered = compile_template(template).render(contact_context(contact, extra))
+        return Response({"subject": rendered.subject, "html": rendered.html, "text": rendered.text})
+
+
+class CampaignList(generics.ListCreateAPIView):
+    queryset = Campaign.objects.select_related("template")
+    serializer_class = CampaignSerializer
+
+
+class CampaignDetail(generics.RetrieveUpdateAPIView):
+    queryset = Campaign.objects.select_related("template")
+    serializer_class = CampaignSerializer
+
+    def update(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        try:
+            return super().update(request, *args, **kwargs)
+        except CampaignStateError as exc:
+            return _conflict(exc)
+
+
+class CampaignAction(APIView):
+    """`POST …/schedule|pause|resume|cancel`: 200 with the campaign, 409 from the wrong state."""
+
+    action = ""
+
+    @extend_schema(request=ScheduleSerializer, responses={200: CampaignSerializer})
+    def post(self, request: Request, pk: int) -> Response:
+        get_object_or_404(Campaign, pk=pk)
+        try:
+            if self.action == "schedule":
+                params = ScheduleSerializer(data=request.data)
+                params.is_valid(raise_exception=True)
+                campaign = lifecycle.schedule(
+                    pk, params.validated_data["type"], params.validated_data.get("scheduled_at")
+                )
+            else:
+                campaign = getattr(lifecycle, self.action)(pk)
+        except CampaignStateError as exc:
+            return _conflict(exc)
+        return Response(CampaignSerializer(campaign).data)
+
+
+urlpatterns = [
+    path("templates", TemplateList.as_view(), name="template-list"),
+    path("templates/<int:pk>", TemplateDetail.as_view(), name="template-detail"),
+    path("templates/<int:pk>/preview", TemplatePreview.as_view(), name="template-preview"),
+    path("campaigns", CampaignList.as_view(), name="campaign-list"),
+    path("campaigns/<int:pk>", CampaignDetail.as_view(), name="campaign-detail"),
+    *[
+        path(f"campaigns/<int:pk>/{action}", CampaignAction.as_view(action=action), name=f"campaign-{action}")
+        for action in ("schedule", "pause", "resume", "cancel")
+    ],
+]

@@ -25,35 +25,79 @@ SEND_MESSAGES_TASK = "delivery.send_messages"
 FAN_OUT_TASK = "campaigns.fan_out"
 
 
-def _publish(kind: str, payload: dict[str, Any]) -> None:
+def _publish(kind: str, payload: dict[str, Any], producer: Any = None) -> None:
     if kind == OutboxEvent.Kind.SEND_MESSAGES:
         celery_app.send_task(
-            SEND_MESSAGES_TASK, args=[payload["ids"]], queue=payload["priority"], retry=False
+            SEND_MESSAGES_TASK,
+            args=[payload["ids"]],
+            queue=payload["priority"],
+            retry=False,
+            producer=producer,
         )
     elif kind == OutboxEvent.Kind.FAN_OUT:
-        celery_app.send_task(FAN_OUT_TASK, args=[payload["campaign_id"]], queue="campaigns", retry=False)
+        celery_app.send_task(
+            FAN_OUT_TASK,
+            args=[payload["campaign_id"]],
+            kwargs={"requeue": bool(payload.get("requeue"))},
+            queue="campaigns",
+            retry=False,
+            producer=producer,
+        )
     else:
         raise ValueError(f"unknown outbox event kind {kind!r}")
 
 
-def _publish_after_commit(event_id: int, kind: str, payload: dict[str, Any]) -> None:
+def _publish_all(events: list[tuple[int, str, dict[str, Any]]], published: list[int]) -> None:
+    """Publish over one producer connection, appending each id that went out to `published`;
+    a failure stops the loop and propagates, `published` still says what went out."""
+    with celery_app.producer_or_acquire() as producer:
+        for event_id, kind, payload in events:
+            _publish(kind, payload, producer)
+            published.append(event_id)
+
+
+def _publish_after_commit(events: list[tuple[int, str, dict[str, Any]]]) -> None:
+    published: list[int] = []
     try:
-        _publish(kind, payload)
+        _publish_all(events, published)
     except Exception as exc:  # noqa: BLE001 - the relay publishes what we could not
-        logger.warning("publish of outbox event %s failed (%s); the relay will retry", event_id, exc)
+        logger.warning("publishing %d outbox event(s) failed (%s); the relay will retry", len(events), exc)
+    if published:
+        OutboxEvent.objects.filter(pk__in=published).delete()
+
+
+def record_many(events: list[tuple[str, dict[str, Any]]]) -> None:
+    """Record events in the caller's transaction (one INSERT) and publish them after it commits."""
+    if not events:
         return
-    OutboxEvent.objects.filter(pk=event_id).delete()
+    rows = OutboxEvent.objects.bulk_create(
+        [OutboxEvent(kind=kind, payload=payload) for kind, payload in events]
+    )
+    pending = [(row.pk, row.kind, row.payload) for row in rows]
+    transaction.on_commit(lambda: _publish_after_commit(pending))
 
 
-def record(kind: str, payload: dict[str, Any]) -> OutboxEvent:
-    """Record an event in the caller's transaction and publish it once that transaction commits."""
-    event = OutboxEvent.objects.create(kind=kind, payload=payload)
-    transaction.on_commit(lambda: _publish_after_commit(event.pk, kind, payload))
-    return event
+def record(kind: str, payload: dict[str, Any]) -> None:
+    record_many([(kind, payload)])
 
 
-def record_send(message_ids: list[int], priority: str) -> OutboxEvent:
-    return record(OutboxEvent.Kind.SEND_MESSAGES, {"ids": message_ids, "priority": priority})
+def record_send(message_ids: list[int], priority: str) -> None:
+    record_many([(OutboxEvent.Kind.SEND_MESSAGES, {"ids": message_ids, "priority": priority})])
+
+
+def record_sends(message_ids: list[int], priority: str, batch_size: int) -> None:
+    """One send task per `batch_size` ids."""
+    record_many(
+        [
+            (OutboxEvent.Kind.SEND_MESSAGES, {"ids": message_ids[i : i + batch_size], "priority": priority})
+            for i in range(0, len(message_ids), batch_size)
+        ]
+    )
+
+
+def record_fan_out(campaign_id: int, *, requeue: bool = False) -> None:
+    """Fan-out (or, with `requeue`, first publish the campaign's queued messages again, then fan out)."""
+    record(OutboxEvent.Kind.FAN_OUT, {"campaign_id": campaign_id, "requeue": requeue})
 
 
 def relay(limit: int = 500) -> int:
@@ -63,16 +107,14 @@ def relay(limit: int = 500) -> int:
         events = list(
             OutboxEvent.objects.select_for_update(skip_locked=True)
             .filter(created_at__lte=cutoff)
-            .order_by("id")[:limit]
+            .order_by("id")
+            .values_list("id", "kind", "payload")[:limit]
         )
         published: list[int] = []
-        for event in events:
-            try:
-                _publish(event.kind, event.payload)
-            except Exception as exc:  # noqa: BLE001 - leave the rest for the next tick
-                logger.warning("outbox relay could not publish event %s: %s", event.pk, exc)
-                break
-            published.append(event.pk)
+        try:
+            _publish_all(events, published)
+        except Exception as exc:  # noqa: BLE001 - leave the rest for the next tick
+            logger.warning("outbox relay stopped after %d event(s): %s", len(published), exc)
         if published:
             OutboxEvent.objects.filter(pk__in=published).delete()
     if published:

@@ -12,20 +12,20 @@ import logging
 import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import connection
 from django.utils import timezone
 
-from campaigns.models import Contact, Priority, Suppression, Template
+from campaigns.models import Contact, Priority, Template
 from campaigns.services import compile_template, contact_context
 from campaigns.templating import EmailTemplate
 from delivery.exceptions import ProviderConfigurationError, ProviderUnavailable
-from delivery.models import MessageStatus
 from delivery.providers import Outcome, OutgoingEmail, get_provider
 from delivery.services.gateway import ProviderSkipped, send_via
+from delivery.services.recording import Outcomes, record
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +48,9 @@ _CLAIM_SQL = """
 UPDATE delivery_message AS m
    SET status = 'sending', attempts = attempts + 1, claimed_at = clock_timestamp()
  WHERE m.id = ANY(%s) AND m.status = 'queued'
+   -- A campaign's messages go only while it is sending: pause and cancel take effect per batch.
+   AND (m.campaign_id IS NULL
+        OR EXISTS (SELECT 1 FROM campaigns_campaign AS c WHERE c.id = m.campaign_id AND c.status = 'sending'))
 RETURNING m.id, m.campaign_id, m.contact_id, m.template_id, m.to_email, m.from_email, m.reply_to,
           m.subject, m.html, m.text, m.context, m.priority, m.attempts,
           EXISTS (SELECT 1 FROM campaigns_suppression AS s WHERE s.email = lower(m.to_email))
@@ -98,30 +101,19 @@ def claim(message_ids: Sequence[int]) -> list[ClaimedMessage]:
 
 
 def send_messages(message_ids: Sequence[int]) -> BatchReport:
-    """Send the given messages that are still `queued`; anything else is left alone."""
+    """Send the given messages that are still `queued` (and whose campaign, if any, is sending)."""
     report = BatchReport()
     claimed = claim(message_ids)
     report.claimed = len(claimed)
     if not claimed:
         return report
-
-    suppressed = [m for m in claimed if m.suppressed]
-    if suppressed:
-        _record_final(
-            [m.id for m in suppressed],
-            MessageStatus.SUPPRESSED,
-            ["address is on the suppression list"] * len(suppressed),
-        )
-        report.suppressed = len(suppressed)
-        claimed = [m for m in claimed if not m.suppressed]
-        if not claimed:
-            return report
-
-    emails = _render(claimed)
+    outcomes = Outcomes()
+    outcomes.suppressed = [(m.id, "address is on the suppression list") for m in claimed if m.suppressed]
+    claimed = [m for m in claimed if not m.suppressed]
     by_id = {m.id: m for m in claimed}
     # A batch never mixes pools: fan-out and the sweeps group ids by priority.
     pool = pool_for(claimed[0].priority) if claimed else BULK
-    pending: list[OutgoingEmail] = list(emails)
+    pending: list[OutgoingEmail] = _render(claimed)
     last_error: dict[int, str] = {}
 
     for provider_name in provider_chain(pool):
@@ -136,26 +128,24 @@ def send_messages(message_ids: Sequence[int]) -> BatchReport:
                 last_error[email.message_id] = f"{provider_name}: {exc}"
             continue
         still_pending: list[OutgoingEmail] = []
-        sent: list[tuple[int, str | None]] = []
-        permanent: list[tuple[int, str, bool]] = []
         for email, result in zip(pending, results, strict=True):
             if result.outcome is Outcome.ACCEPTED:
-                sent.append((email.message_id, result.provider_message_id))
+                outcomes.sent[provider_name].append((email.message_id, result.provider_message_id))
             elif result.outcome is Outcome.PERMANENT:
-                permanent.append((email.message_id, f"{provider_name}: {result.error}", result.suppress))
+                outcomes.failed.append((email.message_id, f"{provider_name}: {result.error}"))
+                if result.suppress:
+                    outcomes.bounced.append((email.to, result.error))
             else:
                 last_error[email.message_id] = f"{provider_name}: {result.error}"
                 still_pending.append(email)
-        _record_sent(provider_name, sent)
-        _record_permanent(permanent, {m.id: m.to_email for m in claimed})
-        report.sent += len(sent)
-        report.failed += len(permanent)
         pending = still_pending
 
-    if pending:
-        retrying, failed = _schedule_retries([by_id[e.message_id] for e in pending], last_error)
-        report.retrying += retrying
-        report.failed += failed
+    _plan_retries([by_id[e.message_id] for e in pending], last_error, outcomes)
+    record(outcomes)
+    report.sent = sum(len(sent) for sent in outcomes.sent.values())
+    report.failed = len(outcomes.failed)
+    report.suppressed = len(outcomes.suppressed)
+    report.retrying = len(outcomes.retry)
     return report
 
 
@@ -193,54 +183,6 @@ def _render(messages: Iterable[ClaimedMessage]) -> list[OutgoingEmail]:
     return emails
 
 
-def _record_sent(provider_name: str, sent: list[tuple[int, str | None]]) -> None:
-    if not sent:
-        return
-    ids, provider_ids = zip(*sent, strict=True)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            UPDATE delivery_message AS m
-               SET status = 'sent', sent_at = clock_timestamp(), provider = %s,
-                   provider_message_id = v.provider_message_id, last_error = NULL
-              FROM unnest(%s::bigint[], %s::text[]) AS v(id, provider_message_id)
-             WHERE m.id = v.id AND m.status = 'sending'
-            """,
-            [provider_name, list(ids), list(provider_ids)],
-        )
-
-
-def _record_final(ids: list[int], status: str, errors: list[str]) -> None:
-    if not ids:
-        return
-    with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            UPDATE delivery_message AS m
-               SET status = %s, last_error = v.error
-              FROM unnest(%s::bigint[], %s::text[]) AS v(id, error)
-             WHERE m.id = v.id AND m.status = 'sending'
-            """,
-            [status, ids, errors],
-        )
-
-
-def _record_permanent(permanent: list[tuple[int, str, bool]], addresses: dict[int, str]) -> None:
-    """A permanent refusal fails the message and suppresses the address for every later send."""
-    if not permanent:
-        return
-    with transaction.atomic():
-        _record_final([i for i, _, _ in permanent], MessageStatus.FAILED, [e for _, e, _ in permanent])
-        Suppression.objects.bulk_create(
-            [
-                Suppression(email=addresses[i].lower(), reason=Suppression.Reason.BOUNCED, detail=e[:2000])
-                for i, e, suppress in permanent
-                if suppress
-            ],
-            ignore_conflicts=True,
-        )
-
-
 def retry_delay(attempt: int) -> timedelta:
     """Exponential backoff with full jitter (AWS architecture blog, "Exponential Backoff And Jitter")."""
     ceiling = min(
@@ -250,31 +192,15 @@ def retry_delay(attempt: int) -> timedelta:
     return timedelta(seconds=random.uniform(ceiling / 2, ceiling))
 
 
-def _schedule_retries(messages: list[ClaimedMessage], errors: dict[int, str]) -> tuple[int, int]:
+def _plan_retries(messages: list[ClaimedMessage], errors: dict[int, str], outcomes: Outcomes) -> None:
     """Transient failure on every provider: wait in retry_wait, or fail after the last attempt."""
     now = timezone.now()
-    retry: list[tuple[int, datetime, str]] = []
-    final: list[tuple[int, str]] = []
     for m in messages:
         error = errors.get(m.id, "no provider accepted the message")
         if m.attempts >= settings.EMAILHUB_MAX_ATTEMPTS:
-            final.append((m.id, f"gave up after {m.attempts} attempts; last error: {error}"))
+            outcomes.failed.append((m.id, f"gave up after {m.attempts} attempts; last error: {error}"))
         else:
-            retry.append((m.id, now + retry_delay(m.attempts), error))
-    if retry:
-        ids, due, errs = zip(*retry, strict=True)
-        with connection.cursor() as cursor:
-            cursor.execute(
-                """
-                UPDATE delivery_message AS m
-                   SET status = 'retry_wait', due_at = v.due_at, last_error = v.error
-                  FROM unnest(%s::bigint[], %s::timestamptz[], %s::text[]) AS v(id, due_at, error)
-                 WHERE m.id = v.id AND m.status = 'sending'
-                """,
-                [list(ids), list(due), list(errs)],
-            )
-    _record_final([i for i, _ in final], MessageStatus.FAILED, [e for _, e in final])
-    return len(retry), len(final)
+            outcomes.retry.append((m.id, now + retry_delay(m.attempts), error))
 
 
 def check_provider_settings() -> None:

@@ -27,9 +27,7 @@ def _publish_grouped(rows: list[tuple[int, str]]) -> None:
     for message_id, priority in rows:
         by_priority[priority].append(message_id)
     for priority, ids in by_priority.items():
-        size = batch_size(priority)
-        for start in range(0, len(ids), size):
-            outbox.record_send(ids[start : start + size], priority)
+        outbox.record_sends(ids, priority, batch_size(priority))
 
 
 def dispatch_due_messages(limit: int = 1000) -> int:

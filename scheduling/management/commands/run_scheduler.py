@@ -15,6 +15,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import close_old_connections
 
+from campaigns.lifecycle import start_due_campaigns
 from delivery.services.sweeps import dispatch_due_messages
 
 logger = logging.getLogger(__name__)
@@ -39,14 +40,14 @@ class Command(BaseCommand):
         self.stdout.write("scheduler running")
         while not stop.is_set():
             try:
-                dispatched = dispatch_due_messages()
+                dispatched = dispatch_due_messages() + start_due_campaigns()
             except Exception:  # noqa: BLE001 - a lost database connection must not end the loop
                 logger.exception("dispatch failed; retrying")
                 close_old_connections()
                 dispatched = 0
                 time.sleep(1)
             if dispatched:
-                logger.info("dispatched %d due message(s)", dispatched)
+                logger.info("dispatched %d due message(s) and campaign(s)", dispatched)
                 continue  # more may be due right now
             stop.wait(interval)
         self.stdout.write("scheduler stopped")

@@ -1,0 +1,138 @@
+"""Campaign fan-out: the list's members become message rows, PostgreSQL doing the work.
+
+Each step is one transaction that takes the next `batch` list members in contact-id order
+(keyset pagination over the (list, contact) unique index), inserts one queued message per
+active, non-suppressed member with INSERT … SELECT … ON CONFLICT DO NOTHING (no Python object
+per recipient), records one send task per `EMAILHUB_BATCH_SIZE_<PRIORITY>` new ids in the
+outbox, and moves the campaign's cursor and counters. A fan-out killed mid-way leaves every
+committed step whole; run again it resumes at the cursor, and UNIQUE(campaign, contact) makes a
+step that is replayed insert nothing twice.
+
+Each step takes a transaction-level advisory lock on the campaign, so a redelivered fan-out task
+that finds another already running simply returns. (Not SKIP LOCKED on the campaign row: send
+workers briefly lock that row to move its counters, and fan-out must wait for them, not quit.)
+The row itself is locked FOR NO KEY UPDATE for the step, so a pause or cancel waits for the step
+in flight and is seen by the very next one.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from campaigns.models import Campaign
+from delivery.services import outbox
+
+logger = logging.getLogger(__name__)
+
+_STEP_SQL = """
+WITH members AS (
+    SELECT lm.contact_id
+      FROM campaigns_listmembership AS lm
+     WHERE lm.contact_list_id = %(list_id)s AND lm.contact_id > %(cursor)s
+     ORDER BY lm.contact_id
+     LIMIT %(limit)s
+), created AS (
+    INSERT INTO delivery_message (campaign_id, contact_id, template_id, to_email, priority, status, queued_at)
+    SELECT %(campaign_id)s, c.id, %(template_id)s, c.email, %(priority)s, 'queued', now()
+      FROM members
+      JOIN campaigns_contact AS c ON c.id = members.contact_id
+     WHERE c.status = 'active'
+       AND NOT EXISTS (SELECT 1 FROM campaigns_suppression AS s WHERE s.email = c.email)
+     ORDER BY c.id
+    ON CONFLICT (campaign_id, contact_id) DO NOTHING
+    RETURNING id
+)
+SELECT (SELECT max(contact_id) FROM members),
+       (SELECT count(*) FROM members),
+       (SELECT coalesce(array_agg(id ORDER BY id), '{}') FROM created)
+"""
+
+
+@dataclass
+class FanoutReport:
+    steps: int = 0
+    members: int = 0
+    created: int = 0
+    finished: bool = False
+
+
+def fan_out(campaign_id: int, *, step_size: int | None = None, max_steps: int | None = None) -> FanoutReport:
+    """Create the campaign's messages step by step until the list is done, or it stops sending."""
+    step_size = step_size or settings.EMAILHUB_FANOUT_STEP
+    report = FanoutReport()
+    while max_steps is None or report.steps < max_steps:
+        with transaction.atomic():
+            if not _try_lock(campaign_id):
+                return report  # another fan-out of this campaign is running
+            campaign = (
+                Campaign.objects.select_for_update(no_key=True)
+                .filter(pk=campaign_id, status=Campaign.Status.SENDING, fanout_done=False)
+                .first()
+            )
+            if campaign is None:
+                return report  # paused, cancelled or finished
+            last_member, members, ids = _step(campaign, step_size)
+            report.steps += 1
+            if members == 0:
+                _finish(campaign)
+                report.finished = True
+                return report
+            if ids:
+                outbox.record_sends(ids, campaign.priority, settings.EMAILHUB_BATCH_SIZES[campaign.priority])
+            Campaign.objects.filter(pk=campaign.pk).update(
+                fanout_cursor=last_member,
+                total_count=campaign.total_count + len(ids),
+                excluded_count=campaign.excluded_count + members - len(ids),
+                updated_at=timezone.now(),
+            )
+            report.members += members
+            report.created += len(ids)
+    return report
+
+
+# The first key of the two-key advisory lock space that fan-out uses ("FAN").
+_LOCK_CLASS = 0x46414E
+
+
+def _try_lock(campaign_id: int) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", [_LOCK_CLASS, campaign_id])
+        return bool(cursor.fetchone()[0])
+
+
+def _step(campaign: Campaign, step_size: int) -> tuple[int, int, list[int]]:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _STEP_SQL,
+            {
+                "list_id": campaign.contact_list_id,
+                "cursor": campaign.fanout_cursor,
+                "limit": step_size,
+                "campaign_id": campaign.pk,
+                "template_id": campaign.template_id,
+                "priority": campaign.priority,
+            },
+        )
+        last_member, members, ids = cursor.fetchone()
+    return last_member or campaign.fanout_cursor, members, list(ids)
+
+
+def _finish(campaign: Campaign) -> None:
+    """The list is exhausted: mark fan-out done, and the campaign completed if nothing is left."""
+    Campaign.objects.filter(pk=campaign.pk).update(fanout_done=True, updated_at=timezone.now())
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            UPDATE campaigns_campaign
+               SET status = 'completed', completed_at = now()
+             WHERE id = %s AND status = 'sending'
+               AND sent_count + failed_count + suppressed_count + cancelled_count >= total_count
+            """,
+            [campaign.pk],
+        )
+    logger.info("fan-out of campaign %s finished: %s messages", campaign.pk, campaign.total_count)

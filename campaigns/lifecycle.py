@@ -1,0 +1,171 @@
+"""Campaign state changes: draft → scheduled → sending → completed, plus paused, cancelled.
+
+Every change is a locked read or a conditional UPDATE, so two operators (or an operator and the
+scheduler) cannot both act on one campaign. Work that follows a change (fan-out, requeueing) is
+recorded in the outbox in the same transaction and published after commit.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from campaigns.exceptions import CampaignStateError
+from campaigns.models import Campaign
+from delivery.services import outbox
+
+Status = Campaign.Status
+# Schedule types that come with the scheduling engine (local_time, optimized) are refused here.
+SUPPORTED_SCHEDULES = {Campaign.ScheduleType.IMMEDIATE, Campaign.ScheduleType.AT}
+
+
+def _locked(campaign_id: int) -> Campaign:
+    return Campaign.objects.select_for_update().get(pk=campaign_id)
+
+
+def schedule(campaign_id: int, schedule_type: str, scheduled_at: datetime | None = None) -> Campaign:
+    """Schedule a draft: `immediate` starts now, `at` starts at `scheduled_at` (a past instant: now)."""
+    if schedule_type not in SUPPORTED_SCHEDULES:
+        raise CampaignStateError(
+            f"schedule type {schedule_type!r} is not available yet; use one of {sorted(SUPPORTED_SCHEDULES)}"
+        )
+    if schedule_type == Campaign.ScheduleType.AT and scheduled_at is None:
+        raise CampaignStateError("schedule type 'at' needs scheduled_at")
+    with transaction.atomic():
+        campaign = _locked(campaign_id)
+        if campaign.status != Status.DRAFT:
+            raise CampaignStateError(f"only a draft campaign can be scheduled; this one is {campaign.status}")
+        campaign.schedule_type = schedule_type
+        campaign.scheduled_at = scheduled_at
+        now = timezone.now()
+        if schedule_type == Campaign.ScheduleType.IMMEDIATE or (scheduled_at and scheduled_at <= now):
+            campaign.status = Status.SENDING
+            campaign.started_at = now
+            outbox.record_fan_out(campaign.pk)
+        else:
+            campaign.status = Status.SCHEDULED
+        campaign.save()
+    return campaign
+
+
+def start_due_campaigns(limit: int = 100) -> int:
+    """Start scheduled campaigns whose time has come (called by the scheduler process)."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            """
+            UPDATE campaigns_campaign
+               SET status = 'sending', started_at = now(), updated_at = now()
+             WHERE id IN (SELECT id FROM campaigns_campaign
+                           WHERE status = 'scheduled' AND scheduled_at <= now()
+                           ORDER BY scheduled_at LIMIT %s FOR UPDATE SKIP LOCKED)
+            RETURNING id
+            """,
+            [limit],
+        )
+        started = [row[0] for row in cursor.fetchall()]
+        for campaign_id in started:
+            outbox.record_fan_out(campaign_id)
+    return len(started)
+
+
+def pause(campaign_id: int) -> Campaign:
+    """Stop sending: workers claim none of its messages from the next batch on."""
+    with transaction.atomic():
+        campaign = _locked(campaign_id)
+        if campaign.status not in (Status.SENDING, Status.SCHEDULED):
+            raise CampaignStateError(
+                f"only a sending or scheduled campaign can be paused; this one is {campaign.status}"
+            )
+        campaign.status = Status.PAUSED
+        campaign.save(update_fields=["status", "updated_at"])
+    return campaign
+
+
+def resume(campaign_id: int) -> Campaign:
+    """Continue a paused campaign. Its queued messages are published again (a task that was
+    consumed while paused did nothing) and fan-out goes on; nothing is sent twice, since every
+    send claims its rows first."""
+    with transaction.atomic():
+        campaign = _locked(campaign_id)
+        if campaign.status != Status.PAUSED:
+            raise CampaignStateError(f"only a paused campaign can be resumed; this one is {campaign.status}")
+        if campaign.started_at is None and campaign.scheduled_at and campaign.scheduled_at > timezone.now():
+            campaign.status = Status.SCHEDULED  # paused before it started: back to waiting
+        else:
+            campaign.status = Status.SENDING
+            campaign.started_at = campaign.started_at or timezone.now()
+            outbox.record_fan_out(campaign.pk, requeue=True)
+        campaign.save(update_fields=["status", "started_at", "updated_at"])
+    return campaign
+
+
+def cancel(campaign_id: int) -> Campaign:
+    """Stop for good: every message not yet handed to a provider becomes `cancelled`."""
+    with transaction.atomic():
+        campaign = _locked(campaign_id)
+        if campaign.status in (Status.COMPLETED, Status.CANCELLED, Status.FAILED):
+            raise CampaignStateError(f"a {campaign.status} campaign cannot be cancelled")
+        with connection.cursor() as cursor:
+            cursor.execute(
+                """
+                UPDATE delivery_message SET status = 'cancelled', last_error = 'campaign cancelled'
+                 WHERE campaign_id = %s AND status IN ('queued', 'scheduled', 'retry_wait')
+                """,
+                [campaign.pk],
+            )
+            cancelled = cursor.rowcount
+        campaign.status = Status.CANCELLED
+        campaign.cancelled_count += cancelled
+        campaign.completed_at = timezone.now()
+        campaign.save(update_fields=["status", "cancelled_count", "completed_at", "updated_at"])
+    return campaign
+
+
+def requeue_queued(campaign_id: int, step: int = 50_000) -> int:
+    """Publish send tasks again for the campaign's queued messages, in keyset steps."""
+    campaign = Campaign.objects.get(pk=campaign_id)
+    batch = settings.EMAILHUB_BATCH_SIZES[campaign.priority]
+    last_id, total = 0, 0
+    while True:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(
+                """
+                SELECT id FROM delivery_message
+                 WHERE campaign_id = %s AND status = 'queued' AND id > %s
+                 ORDER BY id LIMIT %s
+                """,
+                [campaign_id, last_id, step],
+            )
+            ids = [row[0] for row in cursor.fetchall()]
+            if not ids:
+                return total
+            outbox.record_sends(ids, campaign.priority, batch)
+        last_id, total = ids[-1], total + len(ids)
+
+
+def resume_stalled_fanouts(stale_seconds: float | None = None) -> int:
+    """Publish fan-out again for sending campaigns whose fan-out made no progress for a while.
+
+    A running fan-out moves `updated_at` at every step (well under a second apart), so a campaign
+    still unfinished and untouched this long has lost its fan-out worker (killed; Redis would
+    only redeliver the task after the broker's visibility timeout). Publishing twice is harmless:
+    the advisory lock lets one fan-out run, and each step resumes at the cursor.
+    """
+    stale = settings.EMAILHUB_FANOUT_STALL_SECONDS if stale_seconds is None else stale_seconds
+    with transaction.atomic():
+        stalled = list(
+            Campaign.objects.select_for_update(skip_locked=True)
+            .filter(
+                status=Status.SENDING,
+                fanout_done=False,
+                updated_at__lt=timezone.now() - timedelta(seconds=stale),
+            )
+            .values_list("pk", flat=True)[:100]
+        )
+        for campaign_id in stalled:
+            outbox.record_fan_out(campaign_id)
+        Campaign.objects.filter(pk__in=stalled).update(updated_at=timezone.now())
+    return len(stalled)

@@ -1,0 +1,21 @@
+"""Celery tasks of the campaigns app: thin adapters over the services."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from campaigns import fanout, lifecycle
+from campaigns.models import Campaign
+
+
+@shared_task(name="campaigns.fan_out", acks_late=True)
+def fan_out(campaign_id: int, requeue: bool = False) -> dict[str, int]:
+    if requeue and Campaign.objects.filter(pk=campaign_id, status=Campaign.Status.SENDING).exists():
+        lifecycle.requeue_queued(campaign_id)
+    report = fanout.fan_out(campaign_id)
+    return {"steps": report.steps, "members": report.members, "created": report.created}
+
+
+@shared_task(name="campaigns.resume_stalled_fanouts", ignore_result=True)
+def resume_stalled_fanouts() -> int:
+    return lifecycle.resume_stalled_fanouts()

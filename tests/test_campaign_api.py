@@ -1,0 +1,134 @@
+from __future__ import annotations
+
+import pytest
+from rest_framework.test import APIClient
+
+from campaigns.models import Campaign, Template
+from delivery.models import OutboxEvent
+from tests.campaign_data import make_audience
+
+
+@pytest.fixture
+def template(db) -> Template:  # noqa: ANN001
+    return Template.objects.create(
+        name="welcome", subject='Hi {{ first_name|default:"there" }}', text="Plan {{ plan }}"
+    )
+
+
+def create(api: APIClient, template_: Template, **fields: object):  # noqa: ANN201
+    audience = make_audience(3)
+    body = {"name": "Spring", "template": template_.name, "contact_list": audience.pk, **fields}
+    return api.post("/api/v1/campaigns", body, format="json")
+
+
+def test_template_with_a_bad_placeholder_is_refused_naming_the_field(api: APIClient) -> None:
+    response = api.post(
+        "/api/v1/templates",
+        {"name": "t", "subject": "ok", "html": "<p>{{ user.__class__ }}</p>"},
+        format="json",
+    )
+    assert response.status_code == 400 and "html" in response.json()
+    assert "line 1" in response.json()["html"][0]
+    assert not Template.objects.exists()
+
+
+def test_template_subject_with_a_line_break_is_refused(api: APIClient) -> None:
+    response = api.post("/api/v1/templates", {"name": "t", "subject": "a\nBcc: x"}, format="json")
+    assert response.status_code == 400 and "subject" in response.json()
+
+
+def test_template_preview_renders_for_a_contact_and_a_context(api: APIClient, template: Template) -> None:
+    audience = make_audience(1)
+    contact = audience.contacts.get()
+    preview = api.post(
+        f"/api/v1/templates/{template.pk}/preview",
+        {"contact": contact.pk, "context": {"plan": "Pro"}},
+        format="json",
+    )
+    assert preview.json() == {"subject": "Hi Name1", "html": "", "text": "Plan Pro"}
+    assert (
+        api.post(f"/api/v1/templates/{template.pk}/preview", {"contact": 999999}, format="json").status_code
+        == 400
+    )
+
+
+def test_create_then_schedule_immediately_starts_fan_out(
+    api: APIClient, template: Template, django_capture_on_commit_callbacks
+) -> None:  # noqa: ANN001
+    campaign = create(api, template)
+    assert campaign.status_code == 201, campaign.json()
+    assert campaign.json()["status"] == "draft" and campaign.json()["progress"]["total"] == 0
+    response = api.post(
+        f"/api/v1/campaigns/{campaign.json()['id']}/schedule", {"type": "immediate"}, format="json"
+    )
+    assert response.status_code == 200 and response.json()["status"] == "sending"
+    assert OutboxEvent.objects.filter(kind="fan_out", payload__campaign_id=campaign.json()["id"]).count() == 1
+
+
+def test_schedule_at_a_future_instant_waits(api: APIClient, template: Template) -> None:
+    campaign_id = create(api, template).json()["id"]
+    response = api.post(
+        f"/api/v1/campaigns/{campaign_id}/schedule",
+        {"type": "at", "scheduled_at": "2099-03-01T09:00:00Z"},
+        format="json",
+    )
+    assert (
+        response.json()["status"] == "scheduled" and response.json()["scheduled_at"] == "2099-03-01T09:00:00Z"
+    )
+    assert not OutboxEvent.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [({"type": "weekly"}, "type"), ({"type": "at"}, "scheduled_at"), ({"type": "local_time"}, "type")],
+)
+def test_bad_schedule_is_a_400_and_changes_nothing(
+    api: APIClient, template: Template, body: dict, field: str
+) -> None:
+    campaign_id = create(api, template).json()["id"]
+    response = api.post(f"/api/v1/campaigns/{campaign_id}/schedule", body, format="json")
+    assert response.status_code == 400 and field in response.json()
+    assert Campaign.objects.get(pk=campaign_id).status == "draft"
+
+
+def test_actions_from_the_wrong_state_are_409_and_unknown_ids_404(api: APIClient, template: Template) -> None:
+    campaign_id = create(api, template).json()["id"]
+    response = api.post(f"/api/v1/campaigns/{campaign_id}/pause", format="json")
+    assert response.status_code == 409 and "draft" in response.json()["detail"]
+    assert api.post("/api/v1/campaigns/999999/cancel", format="json").status_code == 404
+    assert api.post(f"/api/v1/campaigns/{campaign_id}/cancel", format="json").json()["status"] == "cancelled"
+    assert api.patch(f"/api/v1/campaigns/{campaign_id}", {"name": "x"}, format="json").status_code == 409
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"template": "nope"}, "template"),
+        ({"contact_list": 999999}, "contact_list"),
+        ({"priority": "urgent"}, "priority"),
+        ({"from_email": "a@b.c\r\nBcc: x"}, "from_email"),
+    ],
+)
+def test_bad_campaign_fields_are_a_400(api: APIClient, template: Template, fields: dict, field: str) -> None:
+    response = create(api, template, **fields)
+    assert response.status_code == 400 and field in response.json()
+    assert not Campaign.objects.exists()
+
+
+def test_campaign_detail_shows_progress(api: APIClient, template: Template) -> None:
+    campaign_id = create(api, template).json()["id"]
+    Campaign.objects.filter(pk=campaign_id).update(
+        total_count=10, sent_count=6, failed_count=1, suppressed_count=1, fanout_done=True, status="sending"
+    )
+    progress = api.get(f"/api/v1/campaigns/{campaign_id}").json()["progress"]
+    assert progress == {
+        "total": 10,
+        "queued": 2,
+        "sent": 6,
+        "failed": 1,
+        "suppressed": 1,
+        "cancelled": 0,
+        "excluded": 0,
+        "fanout_done": True,
+        "percent_done": 80.0,
+    }
