@@ -1,5 +1,351 @@
-"""Contacts, lists, suppressions and CSV import (routes in `urlpatterns`)."""
+"""Contacts, lists, suppressions and CSV import (routes in `urlpatterns`).
+
+Validation lives in the serializers (a 400 names the field, before anything is written); writes
+beyond a plain save() are services (campaigns.services, campaigns.importing).
+"""
 
 from __future__ import annotations
 
-urlpatterns: list = []
+import io
+from typing import Any
+
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.core.validators import validate_email
+from django.db import IntegrityError, transaction
+from django.db.models import Count, QuerySet
+from django.shortcuts import get_object_or_404
+from django.urls import path
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
+from rest_framework import generics, serializers, status
+from rest_framework.exceptions import APIException
+from rest_framework.parsers import FileUploadParser, MultiPartParser
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from campaigns.importing import ImportFileError, import_contacts
+from campaigns.models import Contact, ContactList, Suppression
+from campaigns.services import ListInUse, add_list_members, delete_contact_list, remove_list_members
+
+MAX_MEMBER_IDS = 10_000  # per request; larger sets go through the CSV import
+
+
+def _address(value: str) -> str:
+    email = value.strip().lower()
+    try:
+        validate_email(email)
+    except DjangoValidationError:
+        raise serializers.ValidationError(f"{value!r} is not a valid email address") from None
+    return email
+
+
+class ContactSerializer(serializers.ModelSerializer):
+    # Declared, so the uniqueness check runs on the lower-cased address (see validate_email).
+    email = serializers.CharField(max_length=254)
+
+    class Meta:
+        model = Contact
+        fields = ["id", "email", "name", "timezone", "attributes", "status", "created_at", "updated_at"]
+        read_only_fields = ["id", "created_at", "updated_at"]
+
+    def validate_email(self, value: str) -> str:
+        email = _address(value)
+        others = Contact.objects.filter(email=email)
+        if self.instance is not None:
+            others = others.exclude(pk=self.instance.pk)
+        existing = others.values_list("pk", flat=True).first()
+        if existing is not None:
+            raise serializers.ValidationError(f"contact {existing} has the address {email} already")
+        return email
+
+    def validate_name(self, value: str) -> str:
+        if "\r" in value or "\n" in value:
+            raise serializers.ValidationError("must not contain line breaks (CR or LF)")
+        return value
+
+    def validate_attributes(self, value: Any) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise serializers.ValidationError('must be a JSON object, e.g. {"plan": "gold"}')
+        return value
+
+
+class ContactFilterSerializer(serializers.Serializer):
+    email = serializers.CharField(required=False)
+    list = serializers.IntegerField(required=False, min_value=1, help_text="a list id")
+    status = serializers.ChoiceField(choices=Contact.Status.choices, required=False)
+
+
+class ContactListSerializer(serializers.ModelSerializer):
+    member_count = serializers.IntegerField(read_only=True)
+
+    class Meta:
+        model = ContactList
+        fields = ["id", "name", "description", "member_count", "created_at"]
+        read_only_fields = ["id", "created_at"]
+
+
+class MembersSerializer(serializers.Serializer):
+    contact_ids = serializers.ListField(
+        child=serializers.IntegerField(min_value=1), allow_empty=False, max_length=MAX_MEMBER_IDS
+    )
+
+
+class AddMembersSerializer(MembersSerializer):
+    def validate_contact_ids(self, value: list[int]) -> list[int]:
+        wanted = set(value)
+        missing = wanted - set(Contact.objects.filter(pk__in=wanted).values_list("pk", flat=True))
+        if missing:
+            raise serializers.ValidationError(
+                f"no contacts with ids {sorted(missing)[:20]}; nothing was added"
+            )
+        return sorted(wanted)
+
+
+class MembersResultSerializer(serializers.Serializer):
+    added = serializers.IntegerField(required=False)
+    removed = serializers.IntegerField(required=False)
+    member_count = serializers.IntegerField()
+
+
+class SuppressionSerializer(serializers.ModelSerializer):
+    email = serializers.CharField(max_length=254)
+    detail = serializers.CharField(max_length=2000, required=False, allow_blank=True)
+
+    class Meta:
+        model = Suppression
+        fields = ["id", "email", "reason", "detail", "created_at"]
+        read_only_fields = ["id", "created_at"]
+
+    def validate_email(self, value: str) -> str:
+        email = _address(value)
+        existing = Suppression.objects.filter(email=email).first()
+        if existing is not None:
+            raise serializers.ValidationError(
+                f"{email} is suppressed already (suppression {existing.pk}, {existing.reason}); "
+                "delete it first to record another reason"
+            )
+        return email
+
+
+class SuppressionFilterSerializer(serializers.Serializer):
+    email = serializers.CharField(required=False)
+    reason = serializers.ChoiceField(choices=Suppression.Reason.choices, required=False)
+
+
+_NO_FILE = "send the CSV in the multipart field `file`, or as the request body with Content-Type: text/csv"
+
+
+class ImportUploadSerializer(serializers.Serializer):
+    file = serializers.FileField(
+        help_text="UTF-8 CSV; header row with an email column",
+        error_messages={"required": _NO_FILE, "null": _NO_FILE},
+    )
+    list = serializers.CharField(
+        max_length=200,
+        required=False,
+        allow_blank=True,
+        help_text="list name; created if missing (also a query parameter)",
+    )
+
+
+class RowIssueSerializer(serializers.Serializer):
+    line = serializers.IntegerField()
+    reason = serializers.CharField()
+    excerpt = serializers.CharField()
+
+
+class ImportReportSerializer(serializers.Serializer):
+    list_id = serializers.IntegerField(allow_null=True)
+    list_name = serializers.CharField(allow_null=True)
+    rows = serializers.IntegerField()
+    imported = serializers.IntegerField()
+    created = serializers.IntegerField()
+    updated = serializers.IntegerField()
+    duplicates = serializers.IntegerField()
+    rejected = serializers.IntegerField()
+    added_to_list = serializers.IntegerField()
+    rejected_rows = RowIssueSerializer(many=True, help_text="the first 1,000")
+    duplicate_rows = RowIssueSerializer(many=True, help_text="the first 1,000")
+
+
+class Conflict(APIException):
+    status_code = status.HTTP_409_CONFLICT
+
+
+def _filtered(request: Request, filter_class: type[serializers.Serializer]) -> dict[str, Any]:
+    filters = filter_class(data=request.query_params)
+    filters.is_valid(raise_exception=True)
+    return filters.validated_data
+
+
+def _save_contact(serializer: ContactSerializer) -> None:
+    try:
+        with transaction.atomic():
+            serializer.save()
+    except IntegrityError:  # another request took the address between validation and save
+        raise serializers.ValidationError({"email": ["a contact has this address already"]}) from None
+
+
+@extend_schema_view(get=extend_schema(parameters=[ContactFilterSerializer]))
+class ContactListCreateView(generics.ListCreateAPIView):
+    serializer_class = ContactSerializer
+
+    def get_queryset(self) -> QuerySet[Contact]:
+        contacts = Contact.objects.all()
+        if self.request.method != "GET":
+            return contacts
+        filters = _filtered(self.request, ContactFilterSerializer)
+        if "email" in filters:
+            contacts = contacts.filter(email=filters["email"].strip().lower())
+        if "list" in filters:
+            contacts = contacts.filter(listmembership__contact_list_id=filters["list"])
+        if "status" in filters:
+            contacts = contacts.filter(status=filters["status"])
+        return contacts
+
+    def perform_create(self, serializer: ContactSerializer) -> None:
+        _save_contact(serializer)
+
+
+class ContactDetailView(generics.RetrieveUpdateDestroyAPIView):
+    serializer_class = ContactSerializer
+    queryset = Contact.objects.all()
+    http_method_names = ["get", "patch", "delete", "head", "options"]
+
+    def perform_update(self, serializer: ContactSerializer) -> None:
+        _save_contact(serializer)
+
+
+class CsvBodyParser(FileUploadParser):
+    """A `text/csv` request body, received like a file upload (spooled to disk when large)."""
+
+    media_type = "text/csv"
+
+    def get_filename(self, stream: Any, media_type: Any, parser_context: Any) -> str:
+        return super().get_filename(stream, media_type, parser_context) or "contacts.csv"
+
+
+class ContactImportView(APIView):
+    parser_classes = [MultiPartParser, CsvBodyParser]
+
+    @extend_schema(
+        request={"multipart/form-data": ImportUploadSerializer, "text/csv": OpenApiTypes.BINARY},
+        parameters=[OpenApiParameter("list", str, description="list name; created if missing")],
+        responses={200: ImportReportSerializer, 400: OpenApiTypes.OBJECT},
+        description=(
+            "Stream a CSV of contacts in: bad rows are rejected with their line and reason, "
+            "duplicates merged (later row wins). Large files: use `manage.py import_contacts`."
+        ),
+    )
+    def post(self, request: Request) -> Response:
+        data = {"file": request.data.get("file")}
+        list_name = request.query_params.get("list", request.data.get("list"))
+        if list_name is not None:
+            data["list"] = list_name
+        upload = ImportUploadSerializer(data=data)
+        upload.is_valid(raise_exception=True)
+        file = upload.validated_data["file"]
+        stream = io.TextIOWrapper(getattr(file.file, "file", file.file), encoding="utf-8-sig", newline="")
+        try:
+            report = import_contacts(stream, list_name=upload.validated_data.get("list") or None)
+        except ImportFileError as exc:
+            body: dict[str, Any] = {"file": [str(exc)]}
+            if exc.report is not None:  # a failure mid-file: earlier batches are imported
+                body["report"] = ImportReportSerializer(exc.report).data
+            return Response(body, status=status.HTTP_400_BAD_REQUEST)
+        finally:
+            stream.detach()  # Django closes the upload itself
+        return Response(ImportReportSerializer(report).data)
+
+
+def _lists() -> QuerySet[ContactList]:
+    return ContactList.objects.annotate(member_count=Count("listmembership"))
+
+
+class ContactListsView(generics.ListCreateAPIView):
+    serializer_class = ContactListSerializer
+
+    def get_queryset(self) -> QuerySet[ContactList]:
+        return _lists()
+
+    def perform_create(self, serializer: ContactListSerializer) -> None:
+        serializer.save().member_count = 0
+
+
+class ContactListDetailView(generics.RetrieveUpdateDestroyAPIView):
+    serializer_class = ContactListSerializer
+    http_method_names = ["get", "patch", "delete", "head", "options"]
+
+    def get_queryset(self) -> QuerySet[ContactList]:
+        return _lists()
+
+    @extend_schema(responses={204: None, 409: OpenApiTypes.OBJECT})
+    def delete(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().delete(request, *args, **kwargs)
+
+    def perform_destroy(self, instance: ContactList) -> None:
+        try:
+            delete_contact_list(instance)
+        except ListInUse as exc:
+            raise Conflict(str(exc)) from None
+
+
+class ListMembersView(APIView):
+    """Add or remove contacts by id, in one statement each way; the contacts themselves stay."""
+
+    @extend_schema(request=AddMembersSerializer, responses={200: MembersResultSerializer})
+    def post(self, request: Request, pk: int) -> Response:
+        contact_list = get_object_or_404(ContactList, pk=pk)
+        members = AddMembersSerializer(data=request.data)
+        members.is_valid(raise_exception=True)
+        added = add_list_members(contact_list, members.validated_data["contact_ids"])
+        return Response({"added": added, "member_count": contact_list.listmembership_set.count()})
+
+    @extend_schema(request=MembersSerializer, responses={200: MembersResultSerializer})
+    def delete(self, request: Request, pk: int) -> Response:
+        contact_list = get_object_or_404(ContactList, pk=pk)
+        members = MembersSerializer(data=request.data)
+        members.is_valid(raise_exception=True)
+        removed = remove_list_members(contact_list, members.validated_data["contact_ids"])
+        return Response({"removed": removed, "member_count": contact_list.listmembership_set.count()})
+
+
+@extend_schema_view(get=extend_schema(parameters=[SuppressionFilterSerializer]))
+class SuppressionsView(generics.ListCreateAPIView):
+    serializer_class = SuppressionSerializer
+
+    def get_queryset(self) -> QuerySet[Suppression]:
+        suppressions = Suppression.objects.all()
+        if self.request.method != "GET":
+            return suppressions
+        filters = _filtered(self.request, SuppressionFilterSerializer)
+        if "email" in filters:
+            suppressions = suppressions.filter(email=filters["email"].strip().lower())
+        if "reason" in filters:
+            suppressions = suppressions.filter(reason=filters["reason"])
+        return suppressions
+
+    def perform_create(self, serializer: SuppressionSerializer) -> None:
+        try:
+            with transaction.atomic():
+                serializer.save()
+        except IntegrityError:  # suppressed by a send or another request since validation
+            raise serializers.ValidationError({"email": ["this address is suppressed already"]}) from None
+
+
+class SuppressionDetailView(generics.RetrieveDestroyAPIView):
+    serializer_class = SuppressionSerializer
+    queryset = Suppression.objects.all()
+
+
+urlpatterns = [
+    path("contacts", ContactListCreateView.as_view(), name="contact-list"),
+    path("contacts/import", ContactImportView.as_view(), name="contact-import"),
+    path("contacts/<int:pk>", ContactDetailView.as_view(), name="contact-detail"),
+    path("lists", ContactListsView.as_view(), name="list-list"),
+    path("lists/<int:pk>", ContactListDetailView.as_view(), name="list-detail"),
+    path("lists/<int:pk>/members", ListMembersView.as_view(), name="list-members"),
+    path("suppressions", SuppressionsView.as_view(), name="suppression-list"),
+    path("suppressions/<int:pk>", SuppressionDetailView.as_view(), name="suppression-detail"),
+]
