@@ -1,8 +1,15 @@
 from __future__ import annotations
 
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils.html import format_html
 
+from campaigns import lifecycle
+from campaigns.exceptions import CampaignStateError
 from campaigns.models import Campaign, Contact, ContactList, ListMembership, Suppression, Template
+from campaigns.services import compile_template, contact_context
+from campaigns.templating import TemplateSyntaxError
 
 
 @admin.register(Contact)
@@ -43,11 +50,64 @@ class SuppressionAdmin(admin.ModelAdmin):
 class TemplateAdmin(admin.ModelAdmin):
     list_display = ("name", "subject", "updated_at")
     search_fields = ("name", "subject")
-    readonly_fields = ("created_at", "updated_at")
+    readonly_fields = ("preview", "created_at", "updated_at")
+
+    @admin.display(description="Preview (first contact, or the declared defaults)")
+    def preview(self, template: Template) -> str:
+        if template.pk is None:
+            return "Save the template to see a preview."
+        contact = Contact.objects.order_by("id").first()
+        try:
+            rendered = compile_template(template).render(contact_context(contact))
+        except TemplateSyntaxError as exc:
+            return f"Template error: {exc}"
+        who = contact.email if contact else "no contact yet"
+        # The rendered HTML is shown as text inside <pre>, never as live markup in the admin.
+        return format_html(
+            "<p><b>To:</b> {}<br><b>Subject:</b> {}</p><pre style='white-space:pre-wrap'>{}</pre>"
+            "<pre style='white-space:pre-wrap'>{}</pre>",
+            who, rendered.subject, rendered.text, rendered.html,
+        )  # fmt: skip
+
+
+def _apply(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet, change: str) -> None:
+    done = 0
+    for campaign in queryset:
+        try:
+            if change == "schedule":
+                lifecycle.schedule(campaign.pk, Campaign.ScheduleType.IMMEDIATE)
+            else:
+                getattr(lifecycle, change)(campaign.pk)
+            done += 1
+        except CampaignStateError as exc:
+            modeladmin.message_user(request, f"{campaign}: {exc}", messages.WARNING)
+    if done:
+        modeladmin.message_user(request, f"{change}: {done} campaign(s)", messages.SUCCESS)
+
+
+@admin.action(description="Start now (draft campaigns)")
+def start_now(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
+    _apply(modeladmin, request, queryset, "schedule")
+
+
+@admin.action(description="Pause")
+def pause(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
+    _apply(modeladmin, request, queryset, "pause")
+
+
+@admin.action(description="Resume")
+def resume(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
+    _apply(modeladmin, request, queryset, "resume")
+
+
+@admin.action(description="Cancel (what is not sent yet is never sent)")
+def cancel(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
+    _apply(modeladmin, request, queryset, "cancel")
 
 
 @admin.register(Campaign)
 class CampaignAdmin(admin.ModelAdmin):
+    actions = [start_now, pause, resume, cancel]
     list_display = (
         "name",
         "status",

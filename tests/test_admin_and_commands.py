@@ -103,3 +103,34 @@ def test_provider_health_api_shows_circuits_and_tokens(api, settings) -> None:  
     assert by_name["smtp"]["circuit"]["state"] == "closed"
     assert by_name["smtp"]["rate_limit"]["per_second"] == 50.0
     assert by_name["locmem"]["rate_limit"] is None
+
+
+@pytest.mark.django_db
+def test_campaign_admin_actions_change_state_and_report_refusals(admin_client) -> None:  # noqa: ANN001
+    template = Template.objects.create(name="t", subject="s", text="x")
+    contact_list = ContactList.objects.create(name="l")
+    draft = Campaign.objects.create(name="a", template=template, contact_list=contact_list)
+    done = Campaign.objects.create(name="b", template=template, contact_list=contact_list, status="completed")
+    url = reverse("admin:campaigns_campaign_changelist")
+    response = admin_client.post(
+        url, {"action": "start_now", "_selected_action": [draft.pk, done.pk]}, follow=True
+    )
+    assert Campaign.objects.get(pk=draft.pk).status == "sending"
+    assert "only a draft campaign can be scheduled; this one is completed" in response.content.decode()
+    admin_client.post(url, {"action": "pause", "_selected_action": [draft.pk]})
+    assert Campaign.objects.get(pk=draft.pk).status == "paused"
+    admin_client.post(url, {"action": "cancel", "_selected_action": [draft.pk]})
+    assert Campaign.objects.get(pk=draft.pk).status == "cancelled"
+
+
+@pytest.mark.django_db
+def test_template_admin_previews_with_a_sample_contact_and_escapes_html(admin_client) -> None:  # noqa: ANN001
+    from campaigns.models import Contact
+
+    Contact.objects.create(email="ann@example.com", attributes={"first_name": "<Ann>"})
+    template = Template.objects.create(
+        name="t", subject="Hi {{ first_name }}", html="<b>{{ first_name }}</b>"
+    )
+    page = admin_client.get(reverse("admin:campaigns_template_change", args=[template.pk])).content.decode()
+    assert "ann@example.com" in page and "Hi &lt;Ann&gt;" in page
+    assert "<b>&amp;lt;Ann&amp;gt;</b>" not in page and "&lt;b&gt;&amp;lt;Ann&amp;gt;&lt;/b&gt;" in page
