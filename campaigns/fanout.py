@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from datetime import datetime
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -26,6 +27,8 @@ from django.utils import timezone
 
 from campaigns.models import Campaign
 from delivery.services import outbox
+from scheduling.localtime import due_by_timezone
+from scheduling.schedule import index_after_commit, slot_unit
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +56,36 @@ SELECT (SELECT max(contact_id) FROM members),
 """
 
 
+# Local-time campaigns: the same step, but each message is `scheduled` at its contact's local
+# instant, from a small table of timezone → instant computed once (scheduling.localtime).
+# Contacts in a timezone the campaign skips (policy `skip`) join to nothing and are excluded.
+_LOCAL_STEP_SQL = """
+WITH members AS (
+    SELECT lm.contact_id
+      FROM campaigns_listmembership AS lm
+     WHERE lm.contact_list_id = %(list_id)s AND lm.contact_id > %(cursor)s
+     ORDER BY lm.contact_id
+     LIMIT %(limit)s
+), zones AS (
+    SELECT * FROM unnest(%(zones)s::text[], %(dues)s::timestamptz[]) AS z(name, due)
+), created AS (
+    INSERT INTO delivery_message (campaign_id, contact_id, template_id, to_email, priority, status, due_at)
+    SELECT %(campaign_id)s, c.id, %(template_id)s, c.email, %(priority)s, 'scheduled', zones.due
+      FROM members
+      JOIN campaigns_contact AS c ON c.id = members.contact_id
+      JOIN zones ON zones.name = c.timezone
+     WHERE c.status = 'active'
+       AND NOT EXISTS (SELECT 1 FROM campaigns_suppression AS s WHERE s.email = c.email)
+     ORDER BY c.id
+    ON CONFLICT (campaign_id, contact_id) DO NOTHING
+    RETURNING id
+)
+SELECT (SELECT max(contact_id) FROM members),
+       (SELECT count(*) FROM members),
+       (SELECT coalesce(array_agg(id ORDER BY id), '{}') FROM created)
+"""
+
+
 @dataclass
 class FanoutReport:
     steps: int = 0
@@ -65,6 +98,7 @@ def fan_out(campaign_id: int, *, step_size: int | None = None, max_steps: int | 
     """Create the campaign's messages step by step until the list is done, or it stops sending."""
     step_size = step_size or settings.EMAILHUB_FANOUT_STEP
     report = FanoutReport()
+    zones: dict[str, datetime] | None = None
     while max_steps is None or report.steps < max_steps:
         with transaction.atomic():
             if not _try_lock(campaign_id):
@@ -76,13 +110,19 @@ def fan_out(campaign_id: int, *, step_size: int | None = None, max_steps: int | 
             )
             if campaign is None:
                 return report  # paused, cancelled or finished
-            last_member, members, ids = _step(campaign, step_size)
+            local = campaign.schedule_type == Campaign.ScheduleType.LOCAL_TIME
+            if local and zones is None:
+                zones = _local_dues(campaign)
+            last_member, members, ids = _step(campaign, step_size, zones if local else None)
             report.steps += 1
             if members == 0:
                 _finish(campaign)
                 report.finished = True
                 return report
-            if ids:
+            if local and ids:
+                # Index the slots (a few dozen at most); re-adding an indexed one changes nothing.
+                index_after_commit([(slot_unit(campaign.pk, due), due) for due in set(zones.values())])
+            elif ids:
                 outbox.record_sends(ids, campaign.priority, settings.EMAILHUB_BATCH_SIZES[campaign.priority])
             Campaign.objects.filter(pk=campaign.pk).update(
                 fanout_cursor=last_member,
@@ -105,19 +145,35 @@ def _try_lock(campaign_id: int) -> bool:
         return bool(cursor.fetchone()[0])
 
 
-def _step(campaign: Campaign, step_size: int) -> tuple[int, int, list[int]]:
+def _local_dues(campaign: Campaign) -> dict[str, datetime]:
+    """Timezone → due instant, decided against the campaign's start so a resumed fan-out
+    decides exactly as the first run did."""
+    return {
+        name: due.replace(microsecond=0)
+        for name, due in due_by_timezone(
+            campaign.local_date,
+            campaign.local_time,
+            now=campaign.started_at or timezone.now(),
+            policy=campaign.past_time_policy,
+        ).items()
+    }
+
+
+def _step(
+    campaign: Campaign, step_size: int, zones: dict[str, datetime] | None
+) -> tuple[int, int, list[int]]:
+    params: dict[str, object] = {
+        "list_id": campaign.contact_list_id,
+        "cursor": campaign.fanout_cursor,
+        "limit": step_size,
+        "campaign_id": campaign.pk,
+        "template_id": campaign.template_id,
+        "priority": campaign.priority,
+    }
+    if zones is not None:
+        params.update(zones=list(zones), dues=list(zones.values()))
     with connection.cursor() as cursor:
-        cursor.execute(
-            _STEP_SQL,
-            {
-                "list_id": campaign.contact_list_id,
-                "cursor": campaign.fanout_cursor,
-                "limit": step_size,
-                "campaign_id": campaign.pk,
-                "template_id": campaign.template_id,
-                "priority": campaign.priority,
-            },
-        )
+        cursor.execute(_LOCAL_STEP_SQL if zones is not None else _STEP_SQL, params)
         last_member, members, ids = cursor.fetchone()
     return last_member or campaign.fanout_cursor, members, list(ids)
 

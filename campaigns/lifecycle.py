@@ -7,7 +7,7 @@ recorded in the outbox in the same transaction and published after commit.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import date, datetime, time, timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -18,22 +18,42 @@ from campaigns.models import Campaign
 from delivery.services import outbox
 
 Status = Campaign.Status
-# Schedule types that come with the scheduling engine (local_time, optimized) are refused here.
-SUPPORTED_SCHEDULES = {Campaign.ScheduleType.IMMEDIATE, Campaign.ScheduleType.AT}
+# `optimized` (send-time optimization) is not built yet and is refused.
+SUPPORTED_SCHEDULES = {
+    Campaign.ScheduleType.IMMEDIATE,
+    Campaign.ScheduleType.AT,
+    Campaign.ScheduleType.LOCAL_TIME,
+}
 
 
 def _locked(campaign_id: int) -> Campaign:
     return Campaign.objects.select_for_update().get(pk=campaign_id)
 
 
-def schedule(campaign_id: int, schedule_type: str, scheduled_at: datetime | None = None) -> Campaign:
-    """Schedule a draft: `immediate` starts now, `at` starts at `scheduled_at` (a past instant: now)."""
+def schedule(
+    campaign_id: int,
+    schedule_type: str,
+    scheduled_at: datetime | None = None,
+    *,
+    local_date: date | None = None,
+    local_time: time | None = None,
+    past_time_policy: str | None = None,
+) -> Campaign:
+    """Schedule a draft.
+
+    `immediate` starts now; `at` starts at `scheduled_at` (a past instant: now); `local_time`
+    fans out now into messages each due at `local_time` on `local_date` in its contact's
+    timezone (scheduling.localtime has the DST rules; `past_time_policy` says what happens to
+    recipients for whom that moment has passed).
+    """
     if schedule_type not in SUPPORTED_SCHEDULES:
         raise CampaignStateError(
             f"schedule type {schedule_type!r} is not available yet; use one of {sorted(SUPPORTED_SCHEDULES)}"
         )
     if schedule_type == Campaign.ScheduleType.AT and scheduled_at is None:
         raise CampaignStateError("schedule type 'at' needs scheduled_at")
+    if schedule_type == Campaign.ScheduleType.LOCAL_TIME and (local_date is None or local_time is None):
+        raise CampaignStateError("schedule type 'local_time' needs local_date and local_time")
     with transaction.atomic():
         campaign = _locked(campaign_id)
         if campaign.status != Status.DRAFT:
@@ -41,34 +61,41 @@ def schedule(campaign_id: int, schedule_type: str, scheduled_at: datetime | None
         campaign.schedule_type = schedule_type
         campaign.scheduled_at = scheduled_at
         now = timezone.now()
-        if schedule_type == Campaign.ScheduleType.IMMEDIATE or (scheduled_at and scheduled_at <= now):
+        if schedule_type == Campaign.ScheduleType.LOCAL_TIME:
+            campaign.local_date = local_date
+            campaign.local_time = local_time.replace(microsecond=0)
+            campaign.past_time_policy = past_time_policy or Campaign.PastTimePolicy.NEXT_DAY
+        if schedule_type in (Campaign.ScheduleType.IMMEDIATE, Campaign.ScheduleType.LOCAL_TIME) or (
+            scheduled_at and scheduled_at <= now
+        ):
             campaign.status = Status.SENDING
             campaign.started_at = now
             outbox.record_fan_out(campaign.pk)
         else:
             campaign.status = Status.SCHEDULED
+            from scheduling.schedule import campaign_unit, index_after_commit
+
+            index_after_commit([(campaign_unit(campaign.pk), scheduled_at)])
         campaign.save()
     return campaign
 
 
-def start_due_campaigns(limit: int = 100) -> int:
-    """Start scheduled campaigns whose time has come (called by the scheduler process)."""
+def start_campaigns(campaign_ids: list[int]) -> list[int]:
+    """Start these scheduled campaigns if they are still scheduled and due (the scheduler calls this)."""
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
             """
             UPDATE campaigns_campaign
                SET status = 'sending', started_at = now(), updated_at = now()
-             WHERE id IN (SELECT id FROM campaigns_campaign
-                           WHERE status = 'scheduled' AND scheduled_at <= now()
-                           ORDER BY scheduled_at LIMIT %s FOR UPDATE SKIP LOCKED)
+             WHERE id = ANY(%s) AND status = 'scheduled' AND scheduled_at <= now()
             RETURNING id
             """,
-            [limit],
+            [campaign_ids],
         )
         started = [row[0] for row in cursor.fetchall()]
         for campaign_id in started:
             outbox.record_fan_out(campaign_id)
-    return len(started)
+    return started
 
 
 def pause(campaign_id: int) -> Campaign:

@@ -218,3 +218,6 @@ EMAILHUB_BATCH_SIZES = {
 EMAILHUB_FANOUT_STEP = env_int("EMAILHUB_FANOUT_STEP", 20_000, minimum=1)
 # A sending campaign whose fan-out made no progress this long is handed to a new fan-out task.
 EMAILHUB_FANOUT_STALL_SECONDS = env_float("EMAILHUB_FANOUT_STALL_SECONDS", 60.0, minimum=1.0)
+
+# A scheduler that claimed units and died holds them this long before the reaper returns them.
+EMAILHUB_SCHEDULER_LEASE_SECONDS = env_float("EMAILHUB_SCHEDULER_LEASE_SECONDS", 30.0, minimum=1.0)

@@ -80,7 +80,12 @@ def test_schedule_at_a_future_instant_waits(api: APIClient, template: Template) 
 
 @pytest.mark.parametrize(
     ("body", "field"),
-    [({"type": "weekly"}, "type"), ({"type": "at"}, "scheduled_at"), ({"type": "local_time"}, "type")],
+    [
+        ({"type": "weekly"}, "type"),
+        ({"type": "at"}, "scheduled_at"),
+        ({"type": "local_time"}, "local_date"),
+        ({"type": "optimized"}, "type"),
+    ],
 )
 def test_bad_schedule_is_a_400_and_changes_nothing(
     api: APIClient, template: Template, body: dict, field: str

@@ -171,14 +171,15 @@ def test_a_stalled_fan_out_is_published_again() -> None:
     ]
 
 
-def test_scheduled_campaign_starts_when_due() -> None:
+def test_scheduled_campaign_starts_only_when_due() -> None:
     from datetime import timedelta
 
     from django.utils import timezone
 
     campaign = make_campaign(make_audience(3))
     lifecycle.schedule(campaign.pk, "at", timezone.now() + timedelta(hours=1))
-    assert lifecycle.start_due_campaigns() == 0
+    assert lifecycle.start_campaigns([campaign.pk]) == []
     Campaign.objects.filter(pk=campaign.pk).update(scheduled_at=timezone.now() - timedelta(seconds=1))
-    assert lifecycle.start_due_campaigns() == 1
+    assert lifecycle.start_campaigns([campaign.pk]) == [campaign.pk]
+    assert lifecycle.start_campaigns([campaign.pk]) == []  # twice: started once
     assert Campaign.objects.get(pk=campaign.pk).status == "sending"

@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from delivery.models import Message, MessageStatus, OutboxEvent
 from delivery.services import outbox
-from delivery.services.sweeps import dispatch_due_messages, requeue_stale_sending
+from delivery.services.sweeps import requeue_stale_sending
 from tests.broker import broker_unreachable, queued_tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -45,32 +45,6 @@ def test_relay_leaves_fresh_rows_to_the_on_commit_publisher(redis) -> None:  # n
     OutboxEvent.objects.create(kind="send_messages", payload={"ids": [1], "priority": "low"})
     assert outbox.relay() == 0
     assert OutboxEvent.objects.count() == 1
-
-
-def test_due_sweep_queues_due_messages_in_priority_batches(redis, settings) -> None:  # noqa: ANN001
-    settings.EMAILHUB_BATCH_SIZES = {**settings.EMAILHUB_BATCH_SIZES, "low": 2}
-    past = timezone.now() - timedelta(seconds=1)
-    due = [
-        Message.objects.create(to_email=f"u{n}@example.com", priority="low", status="scheduled", due_at=past)
-        for n in range(3)
-    ]
-    retry = Message.objects.create(
-        to_email="r@example.com", priority="critical", status="retry_wait", due_at=past
-    )
-    later = Message.objects.create(
-        to_email="l@example.com",
-        priority="low",
-        status="scheduled",
-        due_at=timezone.now() + timedelta(hours=1),
-    )
-    assert dispatch_due_messages() == 4
-    assert Message.objects.filter(status="queued").count() == 4
-    assert Message.objects.get(pk=later.pk).status == "scheduled"
-    low_batches = [args[0] for _, args in queued_tasks(redis, "low")]
-    assert sorted(id for batch in low_batches for id in batch) == sorted(m.pk for m in due)
-    assert all(len(batch) <= 2 for batch in low_batches)
-    assert queued_tasks(redis, "critical") == [("delivery.send_messages", [[retry.pk]])]
-    assert dispatch_due_messages() == 0
 
 
 def test_messages_left_sending_by_a_dead_worker_are_requeued(redis, settings) -> None:  # noqa: ANN001

@@ -51,13 +51,16 @@ class CampaignSerializer(serializers.ModelSerializer):
         model = Campaign
         fields = [
             "id", "name", "template", "contact_list", "from_email", "priority", "status",
-            "schedule_type", "scheduled_at", "progress", "created_at", "started_at", "completed_at",
+            "schedule_type", "scheduled_at", "local_date", "local_time", "past_time_policy", "progress", "created_at", "started_at", "completed_at",
         ]  # fmt: skip
         read_only_fields = [
             "id",
             "status",
             "schedule_type",
             "scheduled_at",
+            "local_date",
+            "local_time",
+            "past_time_policy",
             "created_at",
             "started_at",
             "completed_at",
@@ -90,14 +93,23 @@ class CampaignSerializer(serializers.ModelSerializer):
 class ScheduleSerializer(serializers.Serializer):
     type = serializers.ChoiceField(choices=Campaign.ScheduleType.choices)
     scheduled_at = serializers.DateTimeField(required=False)
+    local_date = serializers.DateField(required=False)
+    local_time = serializers.TimeField(required=False)
+    past_time_policy = serializers.ChoiceField(choices=Campaign.PastTimePolicy.choices, required=False)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if attrs["type"] not in lifecycle.SUPPORTED_SCHEDULES:
             raise serializers.ValidationError(
-                {"type": f"{attrs['type']!r} is not available yet; use immediate or at"}
+                {"type": f"{attrs['type']!r} is not available yet; use immediate, at or local_time"}
             )
         if attrs["type"] == Campaign.ScheduleType.AT and "scheduled_at" not in attrs:
             raise serializers.ValidationError({"scheduled_at": "required for type 'at'"})
+        if attrs["type"] == Campaign.ScheduleType.LOCAL_TIME:
+            missing = {
+                f: "required for type 'local_time'" for f in ("local_date", "local_time") if f not in attrs
+            }
+            if missing:
+                raise serializers.ValidationError(missing)
         return attrs
 
 
@@ -167,8 +179,14 @@ class CampaignAction(APIView):
             if self.action == "schedule":
                 params = ScheduleSerializer(data=request.data)
                 params.is_valid(raise_exception=True)
+                data = params.validated_data
                 campaign = lifecycle.schedule(
-                    pk, params.validated_data["type"], params.validated_data.get("scheduled_at")
+                    pk,
+                    data["type"],
+                    data.get("scheduled_at"),
+                    local_date=data.get("local_date"),
+                    local_time=data.get("local_time"),
+                    past_time_policy=data.get("past_time_policy"),
                 )
             else:
                 campaign = getattr(lifecycle, self.action)(pk)

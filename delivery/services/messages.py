@@ -84,6 +84,10 @@ def accept_message(
                     "this Idempotency-Key was already used with a different request body"
                 ) from None
             return existing, False
-        if not scheduled:
+        if scheduled:
+            from scheduling.schedule import index_after_commit, message_unit
+
+            index_after_commit([(message_unit(message.pk), message.due_at)])
+        else:
             outbox.record_send([message.pk], message.priority)
     return message, True

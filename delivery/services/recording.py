@@ -73,6 +73,9 @@ def record(outcomes: Outcomes) -> None:
                 """,
                 [list(ids), list(due), list(errors)],
             )
+            from scheduling.schedule import index_after_commit, message_unit
+
+            index_after_commit([(message_unit(i), d) for i, d, _ in outcomes.retry])
         if outcomes.bounced:
             Suppression.objects.bulk_create(
                 [

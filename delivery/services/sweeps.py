@@ -1,9 +1,4 @@
-"""Periodic sweeps over PostgreSQL: due messages to their queues, and dead workers' claims back.
-
-Until the Redis sorted-set scheduler lands, `run_scheduler` calls dispatch_due_messages in a
-tight loop; it claims with FOR UPDATE SKIP LOCKED so several schedulers never dispatch one
-message twice.
-"""
+"""A periodic sweep over PostgreSQL: messages whose worker died mid-send go back to the queue."""
 
 from __future__ import annotations
 
@@ -28,31 +23,6 @@ def _publish_grouped(rows: list[tuple[int, str]]) -> None:
         by_priority[priority].append(message_id)
     for priority, ids in by_priority.items():
         outbox.record_sends(ids, priority, batch_size(priority))
-
-
-def dispatch_due_messages(limit: int = 1000) -> int:
-    """Move scheduled and retry_wait messages whose due_at has passed to their queues."""
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(
-            """
-            WITH due AS (
-                SELECT id FROM delivery_message
-                 WHERE status IN ('scheduled', 'retry_wait') AND due_at <= clock_timestamp()
-                 ORDER BY due_at
-                 LIMIT %s
-                 FOR UPDATE SKIP LOCKED
-            )
-            UPDATE delivery_message AS m
-               SET status = 'queued', queued_at = clock_timestamp()
-              FROM due
-             WHERE m.id = due.id
-            RETURNING m.id, m.priority
-            """,
-            [limit],
-        )
-        rows = cursor.fetchall()
-        _publish_grouped(rows)
-    return len(rows)
 
 
 def requeue_stale_sending() -> int:

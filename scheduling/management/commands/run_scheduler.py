@@ -1,7 +1,8 @@
-"""The scheduler process: moves due work (scheduled sends, retries) to the priority queues.
+"""The scheduler process: claims due units from the Redis sorted set and dispatches them.
 
-Any number may run: each claim is a FOR UPDATE SKIP LOCKED over PostgreSQL rows, so two
-schedulers never dispatch one message twice.
+Any number may run at once: claims are atomic (one Lua script), dispatch is conditional, and a
+claimer that dies is reaped. It sleeps until the next due unit (at most --max-sleep), so
+dispatch is not tied to a polling tick.
 """
 
 from __future__ import annotations
@@ -12,42 +13,53 @@ import threading
 import time
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import close_old_connections
 
-from campaigns.lifecycle import start_due_campaigns
-from delivery.services.sweeps import dispatch_due_messages
+from scheduling import schedule
+from scheduling.dispatch import dispatch
 
 logger = logging.getLogger(__name__)
 
 
 class Command(BaseCommand):
-    help = "Dispatch scheduled sends and retries when they fall due."
+    help = "Dispatch scheduled sends, retries and campaigns when they fall due."
 
     def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--batch", type=int, default=1000, help="units claimed at a time")
         parser.add_argument(
-            "--interval", type=float, default=0.2, help="seconds between polls when nothing is due"
+            "--max-sleep", type=float, default=1.0, help="longest sleep between claims, seconds"
         )
 
-    def handle(self, *args: Any, interval: float, **options: Any) -> None:
-        if interval <= 0:
-            from django.core.management.base import CommandError
-
-            raise CommandError("--interval must be a positive number of seconds")
+    def handle(self, *args: Any, batch: int, max_sleep: float, **options: Any) -> None:
+        if batch < 1 or max_sleep <= 0:
+            raise CommandError("--batch must be at least 1 and --max-sleep a positive number of seconds")
         stop = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
         signal.signal(signal.SIGINT, lambda *_: stop.set())
+        lease = settings.EMAILHUB_SCHEDULER_LEASE_SECONDS
         self.stdout.write("scheduler running")
+        self.stdout.flush()
+        last_reap = 0.0
         while not stop.is_set():
             try:
-                dispatched = dispatch_due_messages() + start_due_campaigns()
-            except Exception:  # noqa: BLE001 - a lost database connection must not end the loop
-                logger.exception("dispatch failed; retrying")
+                if time.monotonic() - last_reap > 1.0:
+                    reaped = schedule.reap()
+                    if reaped:
+                        logger.warning("returned %d unit(s) whose claimer died", reaped)
+                    last_reap = time.monotonic()
+                claim = schedule.claim(batch, lease)
+                if claim.units:
+                    queued = dispatch(claim.units)
+                    schedule.ack(claim.units)
+                    logger.info("dispatched %d unit(s), %d message(s)", len(claim.units), queued)
+                    continue  # more may be due right now
+                wait = max_sleep if claim.next_due is None else min(max_sleep, claim.next_due - claim.now)
+            except Exception:  # noqa: BLE001 - Redis or PostgreSQL away: keep trying, never exit
+                logger.exception("scheduler loop failed; retrying in 1 s")
                 close_old_connections()
-                dispatched = 0
-                time.sleep(1)
-            if dispatched:
-                logger.info("dispatched %d due message(s) and campaign(s)", dispatched)
-                continue  # more may be due right now
-            stop.wait(interval)
+                schedule.reset_client()
+                wait = 1.0
+            stop.wait(max(wait, 0.001))
         self.stdout.write("scheduler stopped")

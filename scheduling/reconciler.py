@@ -1,0 +1,88 @@
+"""Rebuilding the schedule index (and lost broker tasks) from PostgreSQL.
+
+Run by beat every EMAILHUB_RECONCILE_SECONDS. It re-adds every unit that PostgreSQL says is
+pending (scheduled and retrying messages, local-time slots, scheduled campaigns) and is neither
+indexed nor leased right now, so a FLUSHALL or a Redis restart without persistence delays
+mail by at most one reconcile period and loses none.
+
+Flushing Redis also empties the Celery queues. A marker key tells the reconciler when Redis has
+lost its data (the marker is gone): it then publishes send tasks again for every `queued`
+message, since their tasks may have vanished. A message whose task survived is then claimed by
+whichever task comes first; the other finds nothing to do.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import connection, transaction
+
+from delivery.services import outbox
+from scheduling import schedule
+
+logger = logging.getLogger(__name__)
+
+MARKER = "emailhub:redis-marker"
+
+
+@dataclass
+class Reconciled:
+    units_added: int = 0
+    redis_was_reset: bool = False
+    republished: int = 0
+
+
+def reconcile() -> Reconciled:
+    result = Reconciled()
+    result.redis_was_reset = bool(schedule.client().set(MARKER, int(time.time()), nx=True))
+    units: list[tuple[str, float]] = []
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT 'm:' || id, extract(epoch FROM due_at) FROM delivery_message
+             WHERE status IN ('scheduled', 'retry_wait') AND (campaign_id IS NULL OR status = 'retry_wait')
+            UNION ALL
+            SELECT 'c:' || campaign_id || ':' || extract(epoch FROM due_at)::bigint, extract(epoch FROM due_at)
+              FROM delivery_message WHERE status = 'scheduled' AND campaign_id IS NOT NULL
+             GROUP BY campaign_id, due_at
+            UNION ALL
+            SELECT 'a:' || id, extract(epoch FROM scheduled_at) FROM campaigns_campaign
+             WHERE status = 'scheduled' AND scheduled_at IS NOT NULL
+            """
+        )
+        units = [(unit, float(score)) for unit, score in cursor.fetchall()]
+    for start in range(0, len(units), 5000):
+        result.units_added += schedule.add_unleased(units[start : start + 5000])
+    if result.redis_was_reset:
+        result.republished = republish_queued()
+        logger.warning(
+            "Redis had lost its data: re-indexed %d unit(s), republished %d queued message(s)",
+            result.units_added,
+            result.republished,
+        )
+    elif result.units_added:
+        logger.warning("reconciler re-indexed %d missing schedule unit(s)", result.units_added)
+    return result
+
+
+def republish_queued(step: int = 50_000) -> int:
+    """Publish send tasks again for every `queued` message, in keyset steps."""
+    last_id, total = 0, 0
+    while True:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT id, priority FROM delivery_message WHERE status = 'queued' AND id > %s ORDER BY id LIMIT %s",
+                [last_id, step],
+            )
+            rows = cursor.fetchall()
+            if not rows:
+                return total
+            by_priority: dict[str, list[int]] = {}
+            for message_id, priority in rows:
+                by_priority.setdefault(priority, []).append(message_id)
+            for priority, ids in by_priority.items():
+                outbox.record_sends(ids, priority, settings.EMAILHUB_BATCH_SIZES[priority])
+        last_id, total = rows[-1][0], total + len(rows)

@@ -1,0 +1,128 @@
+"""Reads for the schedule dashboard."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import connection
+from django.db.models import Count, Q
+
+from campaigns.models import Campaign, Priority
+from delivery.models import Message
+from scheduling import schedule
+from scheduling.models import RecurringSchedule
+
+
+def _iso(value: Any) -> str | None:
+    return value.isoformat().replace("+00:00", "Z") if value else None
+
+
+def _recurring_rows(status: str | None) -> list[dict[str, Any]]:
+    schedules = RecurringSchedule.objects.order_by("id")
+    if status == "active":
+        schedules = schedules.filter(active=True)
+    elif status == "inactive":
+        schedules = schedules.filter(active=False)
+    elif status:
+        return []
+    rows = []
+    for s in schedules:
+        last = s.occurrences.order_by("-occurrence").select_related("campaign").first()
+        pending = 0
+        if last is not None:
+            pending = Message.objects.filter(
+                campaign=last.campaign, status__in=["scheduled", "queued", "retry_wait", "sending"]
+            ).count()
+        rows.append(
+            {
+                "id": f"recurring-{s.pk}",
+                "campaign_id": last.campaign_id if last else None,
+                "type": "recurring",
+                "cron": s.cron,
+                "timezone": s.timezone,
+                "scheduled_at": None,
+                "next_run": _iso(s.next_run),
+                "last_run": _iso(s.last_run),
+                "status": "active" if s.active else "inactive",
+                "pending_count": pending,
+            }
+        )
+    return rows
+
+
+def _scheduled_rows(status: str | None) -> list[dict[str, Any]]:
+    campaigns = Campaign.objects.exclude(schedule_type=Campaign.ScheduleType.IMMEDIATE).order_by("-id")
+    if status:
+        campaigns = campaigns.filter(status=status)
+    campaigns = campaigns.annotate(
+        pending=Count(
+            "message", filter=Q(message__status__in=["scheduled", "queued", "retry_wait", "sending"])
+        ),
+        next_due=Count("message", filter=Q(message__status="scheduled")),
+    )
+    rows = []
+    for c in campaigns:
+        next_due = (
+            Message.objects.filter(campaign=c, status="scheduled")
+            .order_by("due_at")
+            .values_list("due_at", flat=True)
+            .first()
+            if c.next_due
+            else None
+        )
+        rows.append(
+            {
+                "id": f"campaign-{c.pk}",
+                "campaign_id": c.pk,
+                "type": "scheduled",
+                "cron": None,
+                "timezone": None,
+                "scheduled_at": _iso(c.scheduled_at),
+                "next_run": _iso(next_due or (c.scheduled_at if c.status == "scheduled" else None)),
+                "last_run": _iso(c.started_at),
+                "status": c.status,
+                "pending_count": c.pending if c.status != "scheduled" else c.total_count,
+            }
+        )
+    return rows
+
+
+def queue_snapshot() -> dict[str, dict[str, int]]:
+    """Per priority: pending = waiting in the broker queue + due but not yet published;
+    processing = being sent right now."""
+    broker = schedule.client().pipeline()
+    for priority in Priority.values:
+        broker.llen(priority)
+    lengths = dict(zip(Priority.values, broker.execute(), strict=True))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT priority,
+                   count(*) FILTER (WHERE status IN ('scheduled', 'retry_wait') AND due_at <= now()),
+                   count(*) FILTER (WHERE status = 'sending')
+              FROM delivery_message
+             WHERE status IN ('scheduled', 'retry_wait', 'sending')
+             GROUP BY priority
+            """
+        )
+        counts = {priority: (due, sending) for priority, due, sending in cursor.fetchall()}
+    return {
+        p: {"pending": int(lengths[p]) + counts.get(p, (0, 0))[0], "processing": counts.get(p, (0, 0))[1]}
+        for p in Priority.values
+    }
+
+
+def schedules_page(*, kind: str | None, status: str | None, page: int, page_size: int) -> dict[str, Any]:
+    rows: list[dict[str, Any]] = []
+    if kind in (None, "recurring"):
+        rows += _recurring_rows(status)
+    if kind in (None, "scheduled"):
+        rows += _scheduled_rows(status)
+    start = (page - 1) * page_size
+    return {
+        "count": len(rows),
+        "page": page,
+        "page_size": page_size,
+        "schedules": rows[start : start + page_size],
+        "queue_snapshot": queue_snapshot(),
+    }
