@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime, timedelta
 
-from croniter import CroniterBadCronError, croniter
+from croniter import CroniterBadCronError, CroniterBadDateError, croniter
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -60,7 +60,10 @@ def next_run(expression: str, timezone_name: str, after: datetime) -> datetime |
     start = after.astimezone(tz).replace(tzinfo=None) - timedelta(hours=3)
     walls = croniter(expression, start)
     for _ in range(_MAX_CANDIDATES):
-        wall = walls.get_next(datetime)
+        try:
+            wall = walls.get_next(datetime)
+        except CroniterBadDateError:
+            return None  # e.g. `0 0 30 2 *`: 30 February never comes
         instant = localize(wall, tz)
         if instant > after:
             return instant

@@ -1,0 +1,147 @@
+"""The scheduler on real processes: run_scheduler ×4, workers, aiosmtpd, a FLUSHALL."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from campaigns import lifecycle
+from campaigns.models import Contact
+from delivery.models import Message
+from delivery.testing.smtp_server import SMTPTestServer
+from scheduling import reconciler, schedule
+from scheduling.localtime import zone
+from scripts.stack import Stack
+from tests.broker import queued_tasks
+from tests.campaign_data import make_audience, make_campaign
+from tests.conftest import wait_for_status, wait_until
+
+pytestmark = pytest.mark.processes
+
+
+def test_a_message_sent_at_5_s_ahead_arrives_5_to_6_s_later(stack: Stack, smtp: SMTPTestServer, api) -> None:  # noqa: ANN001
+    stack.start("scheduler")
+    stack.start("worker-transactional")
+    posted = time.time()
+    send_at = timezone.now() + timedelta(seconds=5)
+    body = {
+        "to": "later@example.com",
+        "subject": "reminder",
+        "text": "t",
+        "priority": "high",
+        "send_at": send_at.isoformat(),
+    }
+    message_id = api.post("/api/v1/messages", body, format="json").json()["id"]
+    [received] = smtp.wait_for(1, timeout=15)
+    assert 5.0 <= received.received_at - posted < 6.0
+    assert received.received_at >= send_at.timestamp()
+    wait_for_status(message_id, "sent")
+
+
+def test_local_time_campaigns_deliver_each_recipient_at_their_own_wall_time(
+    stack: Stack, smtp: SMTPTestServer
+) -> None:
+    zones = [
+        "America/New_York",
+        "Europe/London",
+        "Australia/Lord_Howe",
+        "Asia/Kathmandu",
+        "Asia/Tokyo",
+        "America/Los_Angeles",
+    ]
+    stack.start("scheduler")
+    stack.start("worker-bulk")
+    due = {}
+    for index, name in enumerate(zones):
+        audience = make_audience(5, name=f"in {name}", prefix=f"z{index}-")
+        Contact.objects.filter(lists=audience).update(timezone=name)
+        # A few seconds from now, as a wall time in this zone.
+        wall = (timezone.now() + timedelta(seconds=4 + index)).astimezone(zone(name)).replace(microsecond=0)
+        campaign = make_campaign(audience, name=name)
+        lifecycle.schedule(campaign.pk, "local_time", local_date=wall.date(), local_time=wall.time())
+        due[f"z{index}-"] = wall.timestamp()
+    messages = smtp.wait_for(30, timeout=40)
+    for message in messages:
+        prefix = message.rcpt_tos[0].split("-")[0] + "-"
+        assert due[prefix] <= message.received_at < due[prefix] + 1.5, (
+            prefix,
+            message.received_at - due[prefix],
+        )
+    assert len({m.rcpt_tos[0] for m in messages}) == 30
+
+
+def test_four_schedulers_over_50000_due_units_dispatch_each_exactly_once(stack: Stack, redis) -> None:  # noqa: ANN001
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO delivery_message (to_email, subject, text, priority, status, due_at)
+            SELECT 'u' || n || '@example.com', 's', 't', 'low', 'scheduled', now() + interval '2 seconds'
+              FROM generate_series(1, 50000) AS n
+            """
+        )
+    assert reconciler.reconcile().units_added == 50_000
+    for n in range(4):
+        stack.start("scheduler", key=f"scheduler-{n}")
+    wait_until(
+        lambda: schedule.sizes() == {"due": 0, "leased": 0}, 60, "every unit to be dispatched and acked"
+    )
+    wait_until(
+        lambda: not Message.objects.filter(status="scheduled").exists(), 30, "every message to be queued"
+    )
+    published = Counter(i for _, args in queued_tasks(redis, "low") for i in args[0])
+    assert len(published) == 50_000 and set(published.values()) == {1}
+    logs = [stack.processes[f"scheduler-{n}"].log() for n in range(4)]
+    assert sum("dispatched" in log for log in logs) >= 2  # the work really was shared
+
+
+def test_a_scheduler_that_died_after_claiming_is_reaped_and_the_mail_goes_once(
+    stack: Stack, smtp: SMTPTestServer
+) -> None:
+    message = Message.objects.create(
+        to_email="reaped@example.com",
+        subject="s",
+        text="t",
+        priority="critical",
+        status="scheduled",
+        due_at=timezone.now(),
+    )
+    schedule.add([(schedule.message_unit(message.pk), message.due_at)])
+    claim = schedule.claim(10, lease_seconds=2)  # this "scheduler" dies here: no dispatch, no ack
+    assert [u.id for u in claim.units] == [message.pk]
+    stack.start("scheduler")
+    stack.start("worker-transactional")
+    wait_for_status(message.pk, "sent", timeout=20)
+    time.sleep(1)
+    assert [m.rcpt_tos for m in smtp.messages] == [["reaped@example.com"]]
+
+
+def test_flushall_mid_run_still_sends_everything_exactly_once(
+    stack: Stack, smtp: SMTPTestServer, api, redis
+) -> None:  # noqa: ANN001
+    stack.start("scheduler")
+    stack.start("worker-transactional")
+    reconciler.reconcile()
+    now = timezone.now()
+    for n in range(60):  # spread over the next three seconds
+        send_at = (now + timedelta(seconds=1 + n / 20)).isoformat()
+        api.post(
+            "/api/v1/messages",
+            {"to": f"s{n}@example.com", "subject": "s", "text": "t", "send_at": send_at},
+            format="json",
+        )
+    for n in range(60):
+        api.post("/api/v1/messages", {"to": f"q{n}@example.com", "subject": "s", "text": "t"}, format="json")
+    time.sleep(1.5)
+    redis.flushall()  # index, broker queues, leases: all gone mid-run
+    reconciler.reconcile()  # what beat runs every 30 s
+    wait_until(
+        lambda: Message.objects.filter(status="sent").count() == 120, 60, "all 120 messages to be sent"
+    )
+    time.sleep(1)
+    delivered = Counter(m.rcpt_tos[0] for m in smtp.messages)
+    assert len(delivered) == 120 and set(delivered.values()) == {1}
