@@ -40,13 +40,16 @@ def smtp(smtp_server: SMTPTestServer, settings) -> Iterator[SMTPTestServer]:  # 
 def redis() -> Iterator[redis_lib.Redis]:
     """The test Redis database, empty: no queued task, breaker or bucket leaks between tests."""
     from delivery import breakers
+    from scheduling import schedule
 
     client = redis_lib.Redis.from_url(settings.REDIS_URL)
     client.flushdb()
     breakers.reset_process_state()
+    schedule.reset_client()
     yield client
     client.flushdb()
     breakers.reset_process_state()
+    schedule.reset_client()
     client.close()
 
 
