@@ -1,8 +1,9 @@
 """Rebuilding the schedule index (and lost broker tasks) from PostgreSQL.
 
 Run by beat every EMAILHUB_RECONCILE_SECONDS. It re-adds every unit that PostgreSQL says is
-pending (scheduled and retrying messages, local-time slots, scheduled campaigns) and is neither
-indexed nor leased right now, so a FLUSHALL or a Redis restart without persistence delays
+pending (scheduled and retrying messages, local-time slots, scheduled campaigns) and is not
+indexed (a unit being dispatched at that moment may be re-added: dispatching it again moves no
+row), so a FLUSHALL or a Redis restart without persistence delays
 mail by at most one reconcile period and loses none.
 
 Flushing Redis also empties the Celery queues. A marker key tells the reconciler when Redis has
@@ -55,7 +56,7 @@ def reconcile() -> Reconciled:
         )
         units = [(unit, float(score)) for unit, score in cursor.fetchall()]
     for start in range(0, len(units), 5000):
-        result.units_added += schedule.add_unleased(units[start : start + 5000])
+        result.units_added += schedule.add_missing(units[start : start + 5000])
     if result.redis_was_reset:
         result.republished = republish_queued()
         logger.warning(

@@ -52,7 +52,7 @@ class Command(BaseCommand):
                 claim = schedule.claim(batch, lease)
                 if claim.units:
                     queued = dispatch(claim.units)
-                    schedule.ack(claim.units)
+                    schedule.ack(claim)
                     logger.info("dispatched %d unit(s), %d message(s)", len(claim.units), queued)
                     continue  # more may be due right now
                 wait = max_sleep if claim.next_due is None else min(max_sleep, claim.next_due - claim.now)
