@@ -13,7 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from delivery.models import OutboxEvent
@@ -63,7 +63,14 @@ def _publish_after_commit(events: list[tuple[int, str, dict[str, Any]]]) -> None
     except Exception as exc:  # noqa: BLE001 - the relay publishes what we could not
         logger.warning("publishing %d outbox event(s) failed (%s); the relay will retry", len(events), exc)
     if published:
-        OutboxEvent.objects.filter(pk__in=published).delete()
+        _delete(published)
+
+
+def _delete(event_ids: list[int]) -> None:
+    # Plain SQL: QuerySet.delete() runs Django's deletion collector, ~1 ms per request here for
+    # a table nothing references (profiled on POST /api/v1/messages).
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM delivery_outboxevent WHERE id = ANY(%s)", [event_ids])
 
 
 def record_many(events: list[tuple[str, dict[str, Any]]]) -> None:
@@ -116,7 +123,7 @@ def relay(limit: int = 500) -> int:
         except Exception as exc:  # noqa: BLE001 - leave the rest for the next tick
             logger.warning("outbox relay stopped after %d event(s): %s", len(published), exc)
         if published:
-            OutboxEvent.objects.filter(pk__in=published).delete()
+            _delete(published)
     if published:
         logger.info("outbox relay published %d event(s)", len(published))
     return len(published)
