@@ -26,7 +26,11 @@ SUPPORTED_SCHEDULES = {
 }
 
 
-def _locked(campaign_id: int) -> Campaign:
+def _locked(campaign_id: int, *, stop_fan_out: bool = False) -> Campaign:
+    if stop_fan_out:
+        from campaigns.fanout import wait_for_step
+
+        wait_for_step(campaign_id)  # the step in flight commits first; no new one starts
     return Campaign.objects.select_for_update().get(pk=campaign_id)
 
 
@@ -101,7 +105,7 @@ def start_campaigns(campaign_ids: list[int]) -> list[int]:
 def pause(campaign_id: int) -> Campaign:
     """Stop sending: workers claim none of its messages from the next batch on."""
     with transaction.atomic():
-        campaign = _locked(campaign_id)
+        campaign = _locked(campaign_id, stop_fan_out=True)
         if campaign.status not in (Status.SENDING, Status.SCHEDULED):
             raise CampaignStateError(
                 f"only a sending or scheduled campaign can be paused; this one is {campaign.status}"
@@ -132,7 +136,7 @@ def resume(campaign_id: int) -> Campaign:
 def cancel(campaign_id: int) -> Campaign:
     """Stop for good: every message not yet handed to a provider becomes `cancelled`."""
     with transaction.atomic():
-        campaign = _locked(campaign_id)
+        campaign = _locked(campaign_id, stop_fan_out=True)
         if campaign.status in (Status.COMPLETED, Status.CANCELLED, Status.FAILED):
             raise CampaignStateError(f"a {campaign.status} campaign cannot be cancelled")
         with connection.cursor() as cursor:

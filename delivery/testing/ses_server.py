@@ -37,6 +37,7 @@ class _State:
 
 class _Proxy(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # see sendgrid_server._Handler
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
         pass
