@@ -18,6 +18,7 @@ very next step sees it.
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -95,7 +96,22 @@ class FanoutReport:
 
 
 def fan_out(campaign_id: int, *, step_size: int | None = None, max_steps: int | None = None) -> FanoutReport:
-    """Create the campaign's messages step by step until the list is done, or it stops sending."""
+    """Create the campaign's messages step by step until the list is done, or it stops sending.
+
+    A step's send tasks are published by a background thread while the next step's INSERT runs
+    in PostgreSQL (publishing them one Redis round trip each took 30% of fan-out's time).
+    """
+    publisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fan-out-publish")
+    try:
+        return _fan_out(campaign_id, step_size=step_size, max_steps=max_steps, publisher=publisher)
+    finally:
+        publisher.submit(connection.close)  # the thread's own database connection (outbox deletes)
+        publisher.shutdown(wait=True)
+
+
+def _fan_out(
+    campaign_id: int, *, step_size: int | None, max_steps: int | None, publisher: ThreadPoolExecutor
+) -> FanoutReport:
     step_size = step_size or settings.EMAILHUB_FANOUT_STEP
     report = FanoutReport()
     zones: dict[str, datetime] | None = None
@@ -124,7 +140,12 @@ def fan_out(campaign_id: int, *, step_size: int | None = None, max_steps: int | 
                 # Index the slots (a few dozen at most); re-adding an indexed one changes nothing.
                 index_after_commit([(slot_unit(campaign.pk, due), due) for due in set(zones.values())])
             elif ids:
-                outbox.record_sends(ids, campaign.priority, settings.EMAILHUB_BATCH_SIZES[campaign.priority])
+                outbox.record_sends(
+                    ids,
+                    campaign.priority,
+                    settings.EMAILHUB_BATCH_SIZES[campaign.priority],
+                    publisher=publisher,
+                )
             Campaign.objects.filter(pk=campaign.pk).update(
                 fanout_cursor=last_member,
                 total_count=campaign.total_count + len(ids),

@@ -61,8 +61,11 @@ class Message(models.Model):
     campaign = models.ForeignKey(
         Campaign, null=True, blank=True, on_delete=models.CASCADE, db_index=False, db_constraint=False
     )
+    # No index and DO_NOTHING: nothing looks messages up by contact (a message keeps its own
+    # to_email), and the index cost every fan-out insert. A deleted contact's messages keep the
+    # dangling id; rendering treats the contact as missing.
     contact = models.ForeignKey(
-        Contact, null=True, blank=True, on_delete=models.SET_NULL, db_constraint=False
+        Contact, null=True, blank=True, on_delete=models.DO_NOTHING, db_index=False, db_constraint=False
     )
     template = models.ForeignKey(
         Template, null=True, blank=True, on_delete=models.PROTECT, db_index=False, db_constraint=False

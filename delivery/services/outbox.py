@@ -9,6 +9,7 @@ Publishing twice is harmless: every task starts with a conditional claim in Post
 from __future__ import annotations
 
 import logging
+from concurrent.futures import Executor
 from datetime import timedelta
 from typing import Any
 
@@ -73,15 +74,23 @@ def _delete(event_ids: list[int]) -> None:
         cursor.execute("DELETE FROM delivery_outboxevent WHERE id = ANY(%s)", [event_ids])
 
 
-def record_many(events: list[tuple[str, dict[str, Any]]]) -> None:
-    """Record events in the caller's transaction (one INSERT) and publish them after it commits."""
+def record_many(events: list[tuple[str, dict[str, Any]]], *, publisher: Executor | None = None) -> None:
+    """Record events in the caller's transaction (one INSERT) and publish them after it commits.
+
+    With `publisher` (an executor), publishing happens on its thread, so the caller can go on
+    with its next transaction meanwhile (fan-out does); the caller waits for the executor before
+    it finishes. A crash before they are published leaves the rows to the relay, as always.
+    """
     if not events:
         return
     rows = OutboxEvent.objects.bulk_create(
         [OutboxEvent(kind=kind, payload=payload) for kind, payload in events]
     )
     pending = [(row.pk, row.kind, row.payload) for row in rows]
-    transaction.on_commit(lambda: _publish_after_commit(pending))
+    if publisher is None:
+        transaction.on_commit(lambda: _publish_after_commit(pending))
+    else:
+        transaction.on_commit(lambda: publisher.submit(_publish_after_commit, pending))
 
 
 def record(kind: str, payload: dict[str, Any]) -> None:
@@ -92,13 +101,16 @@ def record_send(message_ids: list[int], priority: str) -> None:
     record_many([(OutboxEvent.Kind.SEND_MESSAGES, {"ids": message_ids, "priority": priority})])
 
 
-def record_sends(message_ids: list[int], priority: str, batch_size: int) -> None:
+def record_sends(
+    message_ids: list[int], priority: str, batch_size: int, *, publisher: Executor | None = None
+) -> None:
     """One send task per `batch_size` ids."""
     record_many(
         [
             (OutboxEvent.Kind.SEND_MESSAGES, {"ids": message_ids[i : i + batch_size], "priority": priority})
             for i in range(0, len(message_ids), batch_size)
-        ]
+        ],
+        publisher=publisher,
     )
 
 
