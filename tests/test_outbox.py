@@ -60,3 +60,23 @@ def test_messages_left_sending_by_a_dead_worker_are_requeued(redis, settings) ->
     assert Message.objects.get(pk=stale.pk).status == "queued"
     assert Message.objects.get(pk=fresh.pk).status == "sending"
     assert queued_tasks(redis, "high") == [("delivery.send_messages", [[stale.pk]])]
+
+
+def test_a_message_stuck_sending_at_its_last_attempt_fails_and_moves_its_campaign(redis, settings) -> None:  # noqa: ANN001
+    from campaigns.models import Campaign
+    from tests.campaign_data import make_audience, make_campaign
+
+    settings.EMAILHUB_SENDING_LEASE_SECONDS = 60
+    settings.EMAILHUB_MAX_ATTEMPTS = 3
+    campaign = make_campaign(make_audience(1))
+    Campaign.objects.filter(pk=campaign.pk).update(status="sending", fanout_done=True, total_count=1)
+    stuck = Message.objects.create(
+        to_email="a@example.com", campaign=campaign, priority="normal", status=MessageStatus.SENDING,
+        claimed_at=timezone.now() - timedelta(seconds=120), attempts=3,
+    )  # fmt: skip
+    assert requeue_stale_sending() == 0
+    stuck.refresh_from_db()
+    assert stuck.status == "failed" and "worker died" in stuck.last_error
+    campaign.refresh_from_db()
+    assert (campaign.failed_count, campaign.status) == (1, "completed")
+    assert queued_tasks(redis, "normal") == []

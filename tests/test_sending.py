@@ -149,3 +149,51 @@ def test_a_message_that_cannot_be_built_fails_without_suppressing_the_address(sm
     assert message.status == "failed" and "SMTPUTF8" in message.last_error
     assert not Suppression.objects.exists()
     assert smtp.count == 0
+
+
+def test_a_template_that_no_longer_compiles_fails_its_messages_without_stranding_the_batch(
+    smtp: SMTPTestServer,
+) -> None:
+    broken = Template.objects.create(name="broken", subject="ok", text="fine")
+    Template.objects.filter(pk=broken.pk).update(text="Hi {{ first name }}")  # saved around validation
+    bad = queued("a@example.com", subject=None, text=None, template=broken)
+    good = queued("b@example.com")
+    report = send_messages([bad.pk, good.pk])
+    assert (report.sent, report.failed) == (1, 1)
+    bad.refresh_from_db()
+    assert bad.status == "failed" and "does not compile" in bad.last_error
+    assert not Suppression.objects.exists()
+
+
+def test_an_unexpected_provider_error_fails_over_and_records_instead_of_stranding(
+    smtp: SMTPTestServer, settings
+) -> None:  # noqa: ANN001
+    from delivery import providers
+    from delivery.providers.base import Provider
+
+    class Buggy(Provider):
+        name = "buggy"
+
+        def send_batch(self, emails):  # noqa: ANN001, ANN201
+            raise KeyError("a bug")
+
+    settings.EMAILHUB_PROVIDERS_TRANSACTIONAL = ["buggy"]
+    providers._instances["buggy"] = Buggy()
+    try:
+        message = queued()
+        send_messages([message.pk])
+    finally:
+        providers._instances.pop("buggy", None)
+    message.refresh_from_db()
+    assert message.status == "retry_wait" and "unexpected error" in message.last_error
+
+
+def test_a_rate_limit_without_redis_sends_unmetered(smtp: SMTPTestServer, settings) -> None:  # noqa: ANN001
+    from delivery import breakers
+
+    settings.EMAILHUB_RATE_LIMITS = {"smtp": 10.0}
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"
+    breakers.reset_process_state()
+    message = queued()
+    assert send_messages([message.pk]).sent == 1
+    assert smtp.wait_for(1)

@@ -87,3 +87,17 @@ def test_421_to_every_recipient_means_the_server_is_unavailable(smtp: SMTPTestSe
     smtp.reply_to_everyone("421 4.3.2 service shutting down")
     with pytest.raises(ProviderUnavailable, match="421"):
         provider(smtp).send_batch([email(1), email(2)])
+
+
+def test_sender_refused_at_mail_from_is_the_provider_failing_not_the_recipient(smtp: SMTPTestServer) -> None:
+    smtp.reply_to_mail_from("530 5.7.0 Authentication required")
+    with pytest.raises(ProviderUnavailable, match="MAIL FROM.*SMTP_USERNAME"):
+        provider(smtp).send_batch([email(1)])
+
+
+def test_content_refused_after_data_fails_the_message_without_suppressing_the_address(
+    smtp: SMTPTestServer,
+) -> None:
+    smtp.reply_to_data("554 5.6.0 message content rejected")
+    [result] = provider(smtp).send_batch([email(1)])
+    assert result.outcome is Outcome.PERMANENT and result.suppress is False and "554" in result.error

@@ -13,7 +13,7 @@ import socket
 from email.utils import parseaddr
 
 from delivery.exceptions import ProviderUnavailable
-from delivery.providers.base import OutgoingEmail, Provider, SendResult
+from delivery.providers.base import Outcome, OutgoingEmail, Provider, SendResult
 from delivery.providers.mime import ascii_address, render
 
 logger = logging.getLogger(__name__)
@@ -78,6 +78,7 @@ class SMTPProvider(Provider):
         message_id, data = render(email, message_id_domain=self.message_id_domain)
         for attempt in (1, 2):
             connection = self._connect()
+            stage = "recipient"
             try:
                 try:
                     refused = connection.sendmail(
@@ -86,8 +87,13 @@ class SMTPProvider(Provider):
                 except smtplib.SMTPRecipientsRefused as exc:
                     code, reply = next(iter(exc.recipients.values()))
                     raise smtplib.SMTPResponseException(code, reply) from exc
+                except smtplib.SMTPSenderRefused:
+                    stage = "sender"
+                    raise
+                except smtplib.SMTPDataError:
+                    stage = "data"
+                    raise
             except smtplib.SMTPResponseException as exc:
-                # RCPT, MAIL (SMTPSenderRefused) and DATA (SMTPDataError) refusals all land here.
                 if exc.smtp_code in (421, -1):
                     # 421: the server is closing the channel (RFC 5321 §3.8), whatever command
                     # it answered. That is the server going away, not a bad recipient.
@@ -95,7 +101,19 @@ class SMTPProvider(Provider):
                     if attempt == 1:
                         continue
                     raise ProviderUnavailable(f"SMTP {exc.smtp_code}: {_decode(exc.smtp_error)}") from exc
-                return _result_for_code(exc.smtp_code, exc.smtp_error, "refused")
+                if stage == "sender" and exc.smtp_code >= 500:
+                    # Refused at MAIL FROM (530 auth required, 553 sender not allowed): our
+                    # account or sender is wrong for every message. Not the recipients' fault.
+                    raise ProviderUnavailable(
+                        f"SMTP {exc.smtp_code} at MAIL FROM: {_decode(exc.smtp_error)} "
+                        "(check SMTP_USERNAME/SMTP_PASSWORD and EMAILHUB_DEFAULT_FROM)"
+                    ) from exc
+                result = _result_for_code(exc.smtp_code, exc.smtp_error, f"refused at {stage}")
+                if stage == "data" and result.outcome is Outcome.PERMANENT:
+                    # 5xx after DATA (content rejected, too large): the message is at fault,
+                    # the address may be fine, so it is not suppressed.
+                    return SendResult(Outcome.PERMANENT, error=result.error, suppress=False)
+                return result
             except _CONNECTION_ERRORS as exc:
                 self._drop()
                 if attempt == 1:

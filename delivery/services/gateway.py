@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
+import redis as redis_lib
 from django.conf import settings
 
 from delivery.breakers import CircuitOpen, guarded_call, is_open
 from delivery.providers import OutgoingEmail, SendResult, get_provider
 from delivery.ratelimit import bucket_for
+
+logger = logging.getLogger(__name__)
 
 
 class ProviderSkipped(Exception):
@@ -31,7 +35,13 @@ def send_via(name: str, emails: Sequence[OutgoingEmail], *, transactional: bool)
         max_wait = (
             TRANSACTIONAL_MAX_WAIT_SECONDS if transactional else settings.EMAILHUB_RATE_MAX_WAIT_SECONDS
         )
-        allowed = bucket.acquire(len(emails), reserved=transactional, max_wait=max_wait)
+        try:
+            allowed = bucket.acquire(len(emails), reserved=transactional, max_wait=max_wait)
+        except redis_lib.RedisError as exc:
+            # Fail open, as the breaker does: an unmetered send beats a stranded batch. The
+            # provider's own limit (429, throttling) still stops us if we overshoot.
+            logger.warning("rate limit for %s unavailable (%s); sending unmetered", name, exc)
+            allowed = len(emails)
         if allowed == 0:
             raise ProviderSkipped(f"{name}: send-rate quota used up")
     batch, later = list(emails[:allowed]), list(emails[allowed:])

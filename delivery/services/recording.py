@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from django.db import connection, transaction
+from django.db.backends.utils import CursorWrapper
 
 from campaigns.models import Suppression
 
@@ -84,7 +85,7 @@ def record(outcomes: Outcomes) -> None:
                 ],
                 ignore_conflicts=True,
             )
-        _move_campaign_counters(cursor, moved)
+        move_campaign_counters(cursor, moved)
 
 
 def _count(moved: Counter[tuple[int, str]], rows: list[tuple[int | None]], status: str) -> None:
@@ -93,7 +94,8 @@ def _count(moved: Counter[tuple[int, str]], rows: list[tuple[int | None]], statu
             moved[(campaign_id, status)] += 1
 
 
-def _move_campaign_counters(cursor, moved: Counter[tuple[int, str]]) -> None:  # noqa: ANN001
+def move_campaign_counters(cursor: CursorWrapper, moved: Counter[tuple[int, str]]) -> None:
+    """Move each campaign's counters by (campaign id, final status) → rows; complete it if done."""
     by_campaign: dict[int, dict[str, int]] = defaultdict(dict)
     for (campaign_id, status), count in moved.items():
         by_campaign[campaign_id][_COUNTERS[status]] = count

@@ -19,9 +19,9 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
-from campaigns.models import Contact, Priority, Template
+from campaigns.models import Campaign, Contact, Priority, Template
 from campaigns.services import compile_template, contact_context
-from campaigns.templating import EmailTemplate
+from campaigns.templating import EmailTemplate, TemplateSyntaxError
 from delivery.exceptions import ProviderConfigurationError, ProviderUnavailable
 from delivery.providers import Outcome, OutgoingEmail, get_provider
 from delivery.services.gateway import ProviderSkipped, send_via
@@ -113,7 +113,8 @@ def send_messages(message_ids: Sequence[int]) -> BatchReport:
     by_id = {m.id: m for m in claimed}
     # A batch never mixes pools: fan-out and the sweeps group ids by priority.
     pool = pool_for(claimed[0].priority) if claimed else BULK
-    pending: list[OutgoingEmail] = _render(claimed)
+    pending, unbuildable = _render(claimed)
+    outcomes.failed += unbuildable
     last_error: dict[int, str] = {}
 
     for provider_name in provider_chain(pool):
@@ -126,6 +127,13 @@ def send_messages(message_ids: Sequence[int]) -> BatchReport:
             logger.warning("provider %s skipped for %d message(s): %s", provider_name, len(pending), exc)
             for email in pending:
                 last_error[email.message_id] = f"{provider_name}: {exc}"
+            continue
+        except Exception as exc:  # noqa: BLE001 - a bug must not strand the claimed batch
+            # Whatever went wrong, this batch's rows are claimed: record what is known (the
+            # outcomes so far, and a retry for the rest) instead of leaving them in `sending`.
+            logger.exception("provider %s failed unexpectedly for %d message(s)", provider_name, len(pending))
+            for email in pending:
+                last_error[email.message_id] = f"{provider_name}: unexpected error: {exc!r}"
             continue
         still_pending: list[OutgoingEmail] = []
         for email, result in zip(pending, results, strict=True):
@@ -149,23 +157,42 @@ def send_messages(message_ids: Sequence[int]) -> BatchReport:
     return report
 
 
-def _render(messages: Iterable[ClaimedMessage]) -> list[OutgoingEmail]:
+def _render(messages: Iterable[ClaimedMessage]) -> tuple[list[OutgoingEmail], list[tuple[int, str]]]:
+    """The emails to send, and (id, error) for messages that cannot be built (a template that no
+    longer compiles, say): those fail for good without suppressing anyone, instead of failing
+    the whole batch over and over."""
     messages = list(messages)
     template_ids = {m.template_id for m in messages if m.template_id}
-    compiled: dict[int, EmailTemplate] = (
-        {t.pk: compile_template(t) for t in Template.objects.filter(pk__in=template_ids)}
-        if template_ids
-        else {}
-    )
+    compiled: dict[int, EmailTemplate | str] = {}
+    for template in Template.objects.filter(pk__in=template_ids) if template_ids else []:
+        try:
+            compiled[template.pk] = compile_template(template)
+        except TemplateSyntaxError as exc:
+            compiled[template.pk] = f"template {template.name!r} does not compile: {exc}"
     contact_ids = {m.contact_id for m in messages if m.contact_id}
     contacts = Contact.objects.in_bulk(contact_ids) if contact_ids else {}
+    campaign_ids = {m.campaign_id for m in messages if m.campaign_id}
+    campaign_from = (
+        dict(
+            Campaign.objects.filter(pk__in=campaign_ids)
+            .exclude(from_email="")
+            .values_list("pk", "from_email")
+        )
+        if campaign_ids
+        else {}
+    )
     default_from = settings.EMAILHUB_DEFAULT_FROM
-    emails = []
+    emails: list[OutgoingEmail] = []
+    unbuildable: list[tuple[int, str]] = []
     for m in messages:
         if m.template_id:
+            template = compiled.get(m.template_id, "the message's template was deleted")
+            if isinstance(template, str):
+                unbuildable.append((m.id, f"message cannot be built: {template}"))
+                continue
             context = contact_context(contacts.get(m.contact_id) if m.contact_id else None, m.context)
             context.setdefault("email", m.to_email)
-            rendered = compiled[m.template_id].render(context)
+            rendered = template.render(context)
             subject, html, text = rendered.subject, rendered.html, rendered.text
         else:
             subject, html, text = m.subject or "", m.html or "", m.text or ""
@@ -173,14 +200,14 @@ def _render(messages: Iterable[ClaimedMessage]) -> list[OutgoingEmail]:
             OutgoingEmail(
                 message_id=m.id,
                 to=m.to_email,
-                from_email=m.from_email or default_from,
+                from_email=m.from_email or campaign_from.get(m.campaign_id) or default_from,
                 subject=subject,
                 text=text,
                 html=html,
                 reply_to=m.reply_to,
             )
         )
-    return emails
+    return emails, unbuildable
 
 
 def retry_delay(attempt: int) -> timedelta:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 from django.conf import settings
 from django.db import connection, transaction
 
 from delivery.services import outbox
+from delivery.services.recording import move_campaign_counters
 
 logger = logging.getLogger(__name__)
 
@@ -35,14 +36,29 @@ def requeue_stale_sending() -> int:
         cursor.execute(
             """
             UPDATE delivery_message
-               SET status = 'queued', queued_at = clock_timestamp()
+               SET status = CASE WHEN attempts >= %s THEN 'failed' ELSE 'queued' END,
+                   last_error = CASE WHEN attempts >= %s
+                                     THEN 'gave up: its worker died while sending, ' || attempts || ' attempt(s)'
+                                     ELSE last_error END,
+                   queued_at = clock_timestamp()
              WHERE status = 'sending'
                AND claimed_at < clock_timestamp() - make_interval(secs => %s)
-            RETURNING id, priority
+            RETURNING id, priority, status, campaign_id
             """,
-            [settings.EMAILHUB_SENDING_LEASE_SECONDS],
+            [
+                settings.EMAILHUB_MAX_ATTEMPTS,
+                settings.EMAILHUB_MAX_ATTEMPTS,
+                settings.EMAILHUB_SENDING_LEASE_SECONDS,
+            ],
         )
-        rows = cursor.fetchall()
+        returned = cursor.fetchall()
+        rows = [(message_id, priority) for message_id, priority, status, _ in returned if status == "queued"]
+        failed = Counter(
+            (campaign_id, "failed")
+            for _, _, status, campaign_id in returned
+            if status == "failed" and campaign_id
+        )
+        move_campaign_counters(cursor, failed)
         _publish_grouped(rows)
     if rows:
         logger.warning("requeued %d message(s) left in `sending` by a dead worker", len(rows))

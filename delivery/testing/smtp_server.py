@@ -34,6 +34,8 @@ class _Handler:
         self.messages: list[ReceivedMessage] = []
         self.recipient_replies: dict[str, str] = {}
         self.reply_to_all: str | None = None
+        self.mail_reply: str | None = None
+        self.data_reply: str | None = None
         self.drop_connections = 0
 
     async def handle_MAIL(self, server: Any, session: Any, envelope: Any, address: str, options: Any) -> str:
@@ -42,6 +44,8 @@ class _Handler:
                 self.drop_connections -= 1
                 server.transport.close()
                 return "421 closing"
+            if self.mail_reply:
+                return self.mail_reply
         envelope.mail_from = address
         return "250 OK"
 
@@ -54,6 +58,9 @@ class _Handler:
         return "250 OK"
 
     async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+        with self.lock:
+            if self.data_reply:
+                return self.data_reply
         received = ReceivedMessage(envelope.mail_from, list(envelope.rcpt_tos), envelope.content)
         with self.lock:
             self.messages.append(received)
@@ -95,6 +102,8 @@ class SMTPTestServer:
             self.handler.messages.clear()
             self.handler.recipient_replies.clear()
             self.handler.reply_to_all = None
+            self.handler.mail_reply = None
+            self.handler.data_reply = None
             self.handler.drop_connections = 0
 
     def reply_for(self, address: str, reply: str) -> None:
@@ -105,6 +114,16 @@ class SMTPTestServer:
     def reply_to_everyone(self, reply: str | None) -> None:
         with self.handler.lock:
             self.handler.reply_to_all = reply
+
+    def reply_to_mail_from(self, reply: str | None) -> None:
+        """Answer MAIL FROM with e.g. ``"530 5.7.0 Authentication required"``."""
+        with self.handler.lock:
+            self.handler.mail_reply = reply
+
+    def reply_to_data(self, reply: str | None) -> None:
+        """Answer the end of DATA with e.g. ``"554 5.6.0 content rejected"``."""
+        with self.handler.lock:
+            self.handler.data_reply = reply
 
     def drop_next_connections(self, count: int) -> None:
         with self.handler.lock:
