@@ -107,24 +107,42 @@ def cancel(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySe
 
 @admin.register(Campaign)
 class CampaignAdmin(admin.ModelAdmin):
+    """State changes go through the actions (lifecycle services); counters, cursor and status are
+    never written from this form, and nothing but name, sender and priority once it has started:
+    a full-row save would overwrite what workers and fan-out moved meanwhile."""
+
     actions = [start_now, pause, resume, cancel]
     list_display = (
         "name",
         "status",
         "priority",
         "schedule_type",
-        "scheduled_at",
         "total_count",
+        "sent_count",
+        "progress",
         "created_at",
     )
     list_filter = ("status", "priority", "schedule_type")
     search_fields = ("name",)
-    readonly_fields = (
-        "created_at",
-        "updated_at",
-        "started_at",
-        "completed_at",
-        "fanout_cursor",
-        "fanout_done",
-        "total_count",
-    )
+    always_readonly = (
+        "status", "schedule_type", "scheduled_at", "local_date", "local_time", "past_time_policy",
+        "created_at", "updated_at", "started_at", "completed_at", "fanout_cursor", "fanout_done",
+        "total_count", "excluded_count", "sent_count", "failed_count", "suppressed_count", "cancelled_count",
+        "progress",
+    )  # fmt: skip
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Campaign | None = None) -> tuple[str, ...]:
+        if obj is not None and obj.status != Campaign.Status.DRAFT:
+            return (*self.always_readonly, "template", "contact_list", "window_hours")
+        return self.always_readonly
+
+    def save_model(self, request: HttpRequest, obj: Campaign, form: object, change: bool) -> None:
+        if change:
+            editable = [f for f in form.changed_data if f not in self.get_readonly_fields(request, obj)]  # type: ignore[attr-defined]
+            obj.save(update_fields=[*editable, "updated_at"])
+        else:
+            obj.save()
+
+    @admin.display(description="done")
+    def progress(self, campaign: Campaign) -> str:
+        return f"{campaign.percent_done}%"

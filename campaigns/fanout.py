@@ -207,17 +207,27 @@ def _step(
     return last_member or campaign.fanout_cursor, members, list(ids)
 
 
-def _finish(campaign: Campaign) -> None:
-    """The list is exhausted: mark fan-out done, and the campaign completed if nothing is left."""
-    Campaign.objects.filter(pk=campaign.pk).update(fanout_done=True, updated_at=timezone.now())
+def complete_if_done(campaign_id: int) -> bool:
+    """Mark a sending campaign completed if fan-out is done and every message is finished.
+
+    Send workers complete a campaign as they record its last messages; this covers the cases
+    where no message is left to record (an empty list, or the last ones finished while paused).
+    """
     with connection.cursor() as cursor:
         cursor.execute(
             """
             UPDATE campaigns_campaign
-               SET status = 'completed', completed_at = now()
-             WHERE id = %s AND status = 'sending'
+               SET status = 'completed', completed_at = now(), updated_at = now()
+             WHERE id = %s AND status = 'sending' AND fanout_done
                AND sent_count + failed_count + suppressed_count + cancelled_count >= total_count
             """,
-            [campaign.pk],
+            [campaign_id],
         )
+        return cursor.rowcount == 1
+
+
+def _finish(campaign: Campaign) -> None:
+    """The list is exhausted: mark fan-out done, and the campaign completed if nothing is left."""
+    Campaign.objects.filter(pk=campaign.pk).update(fanout_done=True, updated_at=timezone.now())
+    complete_if_done(campaign.pk)
     logger.info("fan-out of campaign %s finished: %s messages", campaign.pk, campaign.total_count)

@@ -84,6 +84,18 @@ def schedule(
     return campaign
 
 
+def update_draft(campaign_id: int, changes: dict[str, object]) -> Campaign:
+    """Edit a draft's fields, locked against a concurrent schedule, writing only those fields."""
+    with transaction.atomic():
+        campaign = _locked(campaign_id)
+        if campaign.status != Status.DRAFT:
+            raise CampaignStateError(f"only a draft campaign can be edited; this one is {campaign.status}")
+        for field, value in changes.items():
+            setattr(campaign, field, value)
+        campaign.save(update_fields=[*changes, "updated_at"])
+    return campaign
+
+
 def start_campaigns(campaign_ids: list[int]) -> list[int]:
     """Start these scheduled campaigns if they are still scheduled and due (the scheduler calls this)."""
     with transaction.atomic(), connection.cursor() as cursor:

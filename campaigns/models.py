@@ -109,6 +109,23 @@ class Template(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    def clean(self) -> None:
+        """Every placeholder must parse (the admin calls this; the API checks the same)."""
+        from django.core.exceptions import ValidationError
+
+        from campaigns.templating import TemplateSyntaxError, check_syntax
+
+        errors = {}
+        for field in ("subject", "html", "text"):
+            try:
+                check_syntax(getattr(self, field) or "")
+            except TemplateSyntaxError as exc:
+                errors[field] = str(exc)
+        if "\n" in self.subject or "\r" in self.subject:
+            errors["subject"] = "must not contain line breaks (CR or LF)"
+        if errors:
+            raise ValidationError(errors)
+
 
 class Campaign(models.Model):
     class Status(models.TextChoices):

@@ -13,6 +13,7 @@ def fan_out(campaign_id: int, requeue: bool = False) -> dict[str, int]:
     if requeue and Campaign.objects.filter(pk=campaign_id, status=Campaign.Status.SENDING).exists():
         lifecycle.requeue_queued(campaign_id)
     report = fanout.fan_out(campaign_id)
+    fanout.complete_if_done(campaign_id)  # e.g. resumed after its last messages finished while paused
     return {"steps": report.steps, "members": report.members, "created": report.created}
 
 

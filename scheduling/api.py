@@ -34,6 +34,11 @@ class RecurringScheduleSerializer(serializers.ModelSerializer):
         ]  # fmt: skip
         read_only_fields = ["id", "last_run", "next_run", "created_at", "updated_at"]
 
+    def validate_from_email(self, value: str) -> str:
+        from campaigns.api.campaigns import validate_mailbox
+
+        return validate_mailbox(value)
+
     def validate_cron(self, value: str) -> str:
         try:
             return recurring.validate_cron(value)

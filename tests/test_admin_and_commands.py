@@ -134,3 +134,29 @@ def test_template_admin_previews_with_a_sample_contact_and_escapes_html(admin_cl
     page = admin_client.get(reverse("admin:campaigns_template_change", args=[template.pk])).content.decode()
     assert "ann@example.com" in page and "Hi &lt;Ann&gt;" in page
     assert "<b>&amp;lt;Ann&amp;gt;</b>" not in page and "&lt;b&gt;&amp;lt;Ann&amp;gt;&lt;/b&gt;" in page
+
+
+@pytest.mark.django_db
+def test_template_admin_refuses_a_malformed_placeholder(admin_client) -> None:  # noqa: ANN001
+    response = admin_client.post(
+        reverse("admin:campaigns_template_add"),
+        {"name": "t", "subject": "Hi", "html": "{{ first name }}", "text": "", "defaults": "{}"},
+    )
+    assert response.status_code == 200 and "is not a placeholder" in response.content.decode()
+    assert not Template.objects.exists()
+
+
+@pytest.mark.django_db
+def test_editing_a_sending_campaign_in_the_admin_never_writes_its_counters_or_status(admin_client) -> None:  # noqa: ANN001
+    template = Template.objects.create(name="t", subject="s", text="x")
+    campaign = Campaign.objects.create(name="old", template=template, contact_list=ContactList.objects.create(name="l"), status="sending")
+    page = admin_client.get(reverse("admin:campaigns_campaign_change", args=[campaign.pk]))
+    assert page.status_code == 200
+    Campaign.objects.filter(pk=campaign.pk).update(sent_count=7, status="paused")  # workers, an operator
+    response = admin_client.post(
+        reverse("admin:campaigns_campaign_change", args=[campaign.pk]),
+        {"name": "new", "from_email": "", "priority": "normal", "window_hours": 24},
+    )
+    assert response.status_code == 302, response.content.decode()[:2000]
+    campaign.refresh_from_db()
+    assert (campaign.name, campaign.sent_count, campaign.status) == ("new", 7, "paused")

@@ -137,3 +137,33 @@ def test_campaign_detail_shows_progress(api: APIClient, template: Template) -> N
         "fanout_done": True,
         "percent_done": 80.0,
     }
+
+
+@pytest.mark.parametrize("body", [{"contact": "abc"}, {"context": ["x"]}, ["not", "an", "object"]])
+def test_template_preview_with_bad_input_is_a_400(api: APIClient, template: Template, body: object) -> None:
+    assert api.post(f"/api/v1/templates/{template.pk}/preview", body, format="json").status_code == 400
+
+
+def test_campaign_from_must_be_a_valid_sender(api: APIClient, template: Template) -> None:
+    response = create(api, template, from_email="not an address")
+    assert response.status_code == 400 and "from_email" in response.json()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_campaign_mail_goes_out_from_the_campaign_sender(smtp, template: Template) -> None:  # noqa: ANN001
+    from campaigns import fanout, lifecycle
+    from delivery.services.sending import send_messages
+    from tests.broker import queued_tasks
+
+    campaign = Campaign.objects.create(
+        name="c", template=template, contact_list=make_audience(1), from_email="Shop <shop@example.com>"
+    )
+    lifecycle.schedule(campaign.pk, "immediate")
+    fanout.fan_out(campaign.pk)
+    import redis as redis_lib
+    from django.conf import settings
+
+    [(_, [batch])] = [t for t in queued_tasks(redis_lib.Redis.from_url(settings.REDIS_URL), "normal")]
+    send_messages(batch)
+    [received] = smtp.wait_for(1)
+    assert received.parsed()["From"] == "Shop <shop@example.com>" and received.mail_from == "shop@example.com"

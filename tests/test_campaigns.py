@@ -183,3 +183,58 @@ def test_scheduled_campaign_starts_only_when_due() -> None:
     assert lifecycle.start_campaigns([campaign.pk]) == [campaign.pk]
     assert lifecycle.start_campaigns([campaign.pk]) == []  # twice: started once
     assert Campaign.objects.get(pk=campaign.pk).status == "sending"
+
+
+def test_a_campaign_paused_as_its_last_messages_finish_completes_when_resumed(smtp: SMTPTestServer) -> None:
+    campaign = sending(make_campaign(make_audience(5)))
+    fanout.fan_out(campaign.pk)
+    [batch] = published_batches()
+    from delivery.services import sending as sending_service
+
+    original_claim = sending_service.claim
+
+    def claim_then_pause(ids):  # noqa: ANN001, ANN202
+        claimed = original_claim(ids)  # a worker has the last batch in hand…
+        lifecycle.pause(campaign.pk)  # …when the campaign is paused; the batch still finishes
+        return claimed
+
+    sending_service.claim = claim_then_pause
+    try:
+        send_messages(batch)
+    finally:
+        sending_service.claim = original_claim
+    campaign.refresh_from_db()
+    assert (campaign.status, campaign.sent_count) == ("paused", 5)  # done, but not `sending`
+    lifecycle.resume(campaign.pk)
+    from campaigns.tasks import fan_out as fan_out_task
+
+    fan_out_task(campaign.pk, requeue=True)  # what resume published
+    campaign.refresh_from_db()
+    assert campaign.status == "completed" and campaign.completed_at is not None
+
+
+def test_a_retry_recorded_after_its_campaign_was_cancelled_is_cancelled_and_counted(
+    smtp: SMTPTestServer,
+) -> None:
+    smtp.reply_to_everyone("451 4.3.0 try later")
+    campaign = sending(make_campaign(make_audience(3)))
+    fanout.fan_out(campaign.pk)
+    [batch] = published_batches()
+    from delivery.services import sending as sending_service
+
+    original_claim = sending_service.claim
+
+    def claim_then_cancel(ids):  # noqa: ANN001, ANN202
+        claimed = original_claim(ids)
+        lifecycle.cancel(campaign.pk)  # the operator cancels while the batch is at the provider
+        return claimed
+
+    sending_service.claim = claim_then_cancel
+    try:
+        send_messages(batch)
+    finally:
+        sending_service.claim = original_claim
+    statuses = set(Message.objects.filter(campaign=campaign).values_list("status", flat=True))
+    assert statuses == {"cancelled"}
+    campaign.refresh_from_db()
+    assert campaign.cancelled_count == 3

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from email.utils import parseaddr
 from typing import Any
 
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.core.validators import validate_email
 from django.db.models import ProtectedError
 from django.shortcuts import get_object_or_404
 from django.urls import path
@@ -80,14 +83,10 @@ class CampaignSerializer(serializers.ModelSerializer):
         }
 
     def validate_from_email(self, value: str) -> str:
-        if "\r" in value or "\n" in value:
-            raise serializers.ValidationError("must not contain line breaks (CR or LF)")
-        return value
+        return validate_mailbox(value)
 
     def update(self, instance: Campaign, validated_data: dict[str, Any]) -> Campaign:
-        if instance.status != Campaign.Status.DRAFT:
-            raise CampaignStateError(f"only a draft campaign can be edited; this one is {instance.status}")
-        return super().update(instance, validated_data)
+        return lifecycle.update_draft(instance.pk, validated_data)
 
 
 class ScheduleSerializer(serializers.Serializer):
@@ -113,6 +112,20 @@ class ScheduleSerializer(serializers.Serializer):
         return attrs
 
 
+def validate_mailbox(value: str) -> str:
+    """`a@example.com` or `Shop <a@example.com>`; empty means the default sender."""
+    if not value:
+        return value
+    if "\r" in value or "\n" in value:
+        raise serializers.ValidationError("must not contain line breaks (CR or LF)")
+    _, address = parseaddr(value)
+    try:
+        validate_email(address)
+    except DjangoValidationError:
+        raise serializers.ValidationError(f"{value!r} is not a valid sender address") from None
+    return value.strip()
+
+
 def _conflict(exc: Exception) -> Response:
     return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
 
@@ -133,21 +146,27 @@ class TemplateDetail(generics.RetrieveUpdateDestroyAPIView):
             return _conflict(Exception("campaigns or messages use this template; it cannot be deleted"))
 
 
+class PreviewSerializer(serializers.Serializer):
+    contact = serializers.IntegerField(required=False, allow_null=True)
+    context = serializers.DictField(required=False, default=dict)
+
+
 class TemplatePreview(APIView):
     """Render a template for one contact (`contact` id) or an ad-hoc `context`."""
 
-    @extend_schema(request=dict, responses={200: dict})
+    @extend_schema(request=PreviewSerializer, responses={200: dict})
     def post(self, request: Request, pk: int) -> Response:
         template = get_object_or_404(Template, pk=pk)
+        params = PreviewSerializer(data=request.data)
+        params.is_valid(raise_exception=True)
         contact = None
-        if request.data.get("contact") is not None:
-            contact = Contact.objects.filter(pk=request.data["contact"]).first()
+        if params.validated_data.get("contact") is not None:
+            contact = Contact.objects.filter(pk=params.validated_data["contact"]).first()
             if contact is None:
                 return Response({"contact": ["no such contact"]}, status=status.HTTP_400_BAD_REQUEST)
-        extra = request.data.get("context") or {}
-        if not isinstance(extra, dict):
-            return Response({"context": ["must be an object"]}, status=status.HTTP_400_BAD_REQUEST)
-        rendered = compile_template(template).render(contact_context(contact, extra))
+        rendered = compile_template(template).render(
+            contact_context(contact, params.validated_data["context"])
+        )
         return Response({"subject": rendered.subject, "html": rendered.html, "text": rendered.text})
 
 

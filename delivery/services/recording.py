@@ -18,7 +18,12 @@ from django.db.backends.utils import CursorWrapper
 from campaigns.models import Suppression
 
 # Campaign counter per final status.
-_COUNTERS = {"sent": "sent_count", "failed": "failed_count", "suppressed": "suppressed_count"}
+_COUNTERS = {
+    "sent": "sent_count",
+    "failed": "failed_count",
+    "suppressed": "suppressed_count",
+    "cancelled": "cancelled_count",
+}
 
 
 @dataclass
@@ -65,18 +70,27 @@ def record(outcomes: Outcomes) -> None:
                 _count(moved, cursor.fetchall(), status)
         if outcomes.retry:
             ids, due, errors = zip(*outcomes.retry, strict=True)
+            # A campaign cancelled while this batch was in flight gets no retry: the message is
+            # cancelled (and counted) instead of waiting for a retry no one would ever claim.
             cursor.execute(
                 """
                 UPDATE delivery_message AS m
-                   SET status = 'retry_wait', due_at = v.due_at, last_error = v.error
+                   SET status = CASE WHEN c.status = 'cancelled' THEN 'cancelled' ELSE 'retry_wait' END,
+                       due_at = v.due_at, last_error = v.error
                   FROM unnest(%s::bigint[], %s::timestamptz[], %s::text[]) AS v(id, due_at, error)
+                  LEFT JOIN campaigns_campaign AS c ON c.id = (SELECT campaign_id FROM delivery_message WHERE id = v.id)
                  WHERE m.id = v.id AND m.status = 'sending'
+                RETURNING m.id, m.campaign_id, m.status, m.due_at
                 """,
                 [list(ids), list(due), list(errors)],
             )
+            retried = cursor.fetchall()
+            _count(moved, [(c,) for _, c, status, _ in retried if status == "cancelled"], "cancelled")
             from scheduling.schedule import index_after_commit, message_unit
 
-            index_after_commit([(message_unit(i), d) for i, d, _ in outcomes.retry])
+            index_after_commit(
+                [(message_unit(i), d) for i, _, status, d in retried if status == "retry_wait"]
+            )
         if outcomes.bounced:
             Suppression.objects.bulk_create(
                 [
@@ -100,8 +114,8 @@ def move_campaign_counters(cursor: CursorWrapper, moved: Counter[tuple[int, str]
     for (campaign_id, status), count in moved.items():
         by_campaign[campaign_id][_COUNTERS[status]] = count
     for campaign_id, counts in sorted(by_campaign.items()):  # a fixed order: no deadlocks
-        sent, failed, suppressed = (
-            counts.get(c, 0) for c in ("sent_count", "failed_count", "suppressed_count")
+        sent, failed, suppressed, cancelled = (
+            counts.get(c, 0) for c in ("sent_count", "failed_count", "suppressed_count", "cancelled_count")
         )
         cursor.execute(
             """
@@ -109,6 +123,7 @@ def move_campaign_counters(cursor: CursorWrapper, moved: Counter[tuple[int, str]
                SET sent_count = sent_count + %(sent)s,
                    failed_count = failed_count + %(failed)s,
                    suppressed_count = suppressed_count + %(suppressed)s,
+                   cancelled_count = cancelled_count + %(cancelled)s,
                    status = CASE WHEN status = 'sending' AND fanout_done
                                   AND sent_count + failed_count + suppressed_count + cancelled_count
                                       + %(done)s >= total_count
@@ -124,7 +139,8 @@ def move_campaign_counters(cursor: CursorWrapper, moved: Counter[tuple[int, str]
                 "sent": sent,
                 "failed": failed,
                 "suppressed": suppressed,
-                "done": sent + failed + suppressed,
+                "cancelled": cancelled,
+                "done": sent + failed + suppressed + cancelled,
                 "id": campaign_id,
             },
         )
