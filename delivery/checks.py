@@ -18,3 +18,13 @@ def provider_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.Che
     except ProviderConfigurationError as exc:
         return [checks.Error(str(exc), id="delivery.E001")]
     return []
+
+
+@checks.register(checks.Tags.security, deploy=True)
+def secret_key_set(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """`manage.py check --deploy`: the development secret key must not reach production."""
+    from django.conf import settings
+
+    if not settings.DEBUG and settings.SECRET_KEY.startswith("dev-only-"):
+        return [checks.Error("EMAILHUB_SECRET_KEY is not set; set it to a long random value", id="emailhub.E002")]
+    return []

@@ -8,9 +8,7 @@ rows, published after commit. Only then is the claim acked in Redis.
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
 
-from django.conf import settings
 from django.db import connection, transaction
 
 from delivery.services import outbox
@@ -50,9 +48,5 @@ def dispatch(units: list[Unit]) -> int:
             from campaigns.lifecycle import start_campaigns
 
             start_campaigns(campaigns)
-        by_priority: dict[str, list[int]] = defaultdict(list)
-        for message_id, priority in queued:
-            by_priority[priority].append(message_id)
-        for priority, ids in by_priority.items():
-            outbox.record_sends(ids, priority, settings.EMAILHUB_BATCH_SIZES[priority])
+        outbox.record_sends_by_priority(queued)
     return len(queued)

@@ -1,6 +1,6 @@
 """Rebuilding the schedule index (and lost broker tasks) from PostgreSQL.
 
-Run by beat every EMAILHUB_RECONCILE_SECONDS. It re-adds every unit that PostgreSQL says is
+Run by beat every 30 s (`emailhub/periodic.py`; editable in the admin). It re-adds every unit that PostgreSQL says is
 pending (scheduled and retrying messages, local-time slots, scheduled campaigns) and is not
 indexed (a unit being dispatched at that moment may be re-added: dispatching it again moves no
 row), so a FLUSHALL or a Redis restart without persistence delays
@@ -18,7 +18,6 @@ import logging
 import time
 from dataclasses import dataclass
 
-from django.conf import settings
 from django.db import connection, transaction
 
 from delivery.services import outbox
@@ -81,9 +80,5 @@ def republish_queued(step: int = 50_000) -> int:
             rows = cursor.fetchall()
             if not rows:
                 return total
-            by_priority: dict[str, list[int]] = {}
-            for message_id, priority in rows:
-                by_priority.setdefault(priority, []).append(message_id)
-            for priority, ids in by_priority.items():
-                outbox.record_sends(ids, priority, settings.EMAILHUB_BATCH_SIZES[priority])
+            outbox.record_sends_by_priority(rows)
         last_id, total = rows[-1][0], total + len(rows)

@@ -9,6 +9,7 @@ Publishing twice is harmless: every task starts with a conditional claim in Post
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from concurrent.futures import Executor
 from datetime import timedelta
 from typing import Any
@@ -112,6 +113,15 @@ def record_sends(
         ],
         publisher=publisher,
     )
+
+
+def record_sends_by_priority(rows: Iterable[tuple[int, str]]) -> None:
+    """Send tasks for (message id, priority) rows: grouped by priority, each priority's batch size."""
+    by_priority: dict[str, list[int]] = {}
+    for message_id, priority in rows:
+        by_priority.setdefault(priority, []).append(message_id)
+    for priority, ids in by_priority.items():
+        record_sends(ids, priority, settings.EMAILHUB_BATCH_SIZES[priority])
 
 
 def record_fan_out(campaign_id: int, *, requeue: bool = False) -> None:

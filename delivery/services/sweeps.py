@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections import Counter, defaultdict
+from collections import Counter
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -12,18 +12,6 @@ from delivery.services import outbox
 from delivery.services.recording import move_campaign_counters
 
 logger = logging.getLogger(__name__)
-
-
-def batch_size(priority: str) -> int:
-    return int(settings.EMAILHUB_BATCH_SIZES[priority])
-
-
-def _publish_grouped(rows: list[tuple[int, str]]) -> None:
-    by_priority: dict[str, list[int]] = defaultdict(list)
-    for message_id, priority in rows:
-        by_priority[priority].append(message_id)
-    for priority, ids in by_priority.items():
-        outbox.record_sends(ids, priority, batch_size(priority))
 
 
 def requeue_stale_sending() -> int:
@@ -59,7 +47,7 @@ def requeue_stale_sending() -> int:
             if status == "failed" and campaign_id
         )
         move_campaign_counters(cursor, failed)
-        _publish_grouped(rows)
+        outbox.record_sends_by_priority(rows)
     if rows:
         logger.warning("requeued %d message(s) left in `sending` by a dead worker", len(rows))
     return len(rows)
