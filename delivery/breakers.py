@@ -37,6 +37,11 @@ STATS_KEY = "emailhub:provider:{name}"
 PROBE_TOKEN_SECONDS = 30
 
 
+_RELEASE_TOKEN = (
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+)
+
+
 class CircuitOpen(Exception):
     """The provider's breaker is open (or another process is probing it): skip it."""
 
@@ -163,8 +168,9 @@ def guarded_call(name: str, func: Callable[[], T]) -> T:
     if state == pybreaker.STATE_OPEN and not _probe_due(breaker):
         raise CircuitOpen(f"{name} circuit is open")
     token_key = f"{NAMESPACE.format(name=name)}:probe"
+    token = f"{os.getpid()}:{time.monotonic_ns()}"
     try:
-        acquired = redis_client().set(token_key, os.getpid(), nx=True, ex=PROBE_TOKEN_SECONDS)
+        acquired = redis_client().set(token_key, token, nx=True, ex=PROBE_TOKEN_SECONDS)
     except redis_lib.RedisError:
         acquired = True  # fail open, like the breaker itself
     if not acquired:
@@ -174,7 +180,8 @@ def guarded_call(name: str, func: Callable[[], T]) -> T:
         return _call(breaker, func)
     finally:
         try:
-            redis_client().delete(token_key)
+            # Only our own token: if ours expired during a long probe, another process holds it now.
+            redis_client().eval(_RELEASE_TOKEN, 1, token_key, token)
         except redis_lib.RedisError:
             pass
 

@@ -26,5 +26,7 @@ def secret_key_set(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     from django.conf import settings
 
     if not settings.DEBUG and settings.SECRET_KEY.startswith("dev-only-"):
-        return [checks.Error("EMAILHUB_SECRET_KEY is not set; set it to a long random value", id="emailhub.E002")]
+        return [
+            checks.Error("EMAILHUB_SECRET_KEY is not set; set it to a long random value", id="emailhub.E002")
+        ]
     return []

@@ -12,7 +12,7 @@ import logging
 from django.db import connection, transaction
 
 from delivery.services import outbox
-from scheduling.schedule import Unit
+from scheduling.schedule import Unit, index_after_commit, message_unit
 
 logger = logging.getLogger(__name__)
 
@@ -25,15 +25,29 @@ def dispatch(units: list[Unit]) -> int:
     queued: list[tuple[int, str]] = []
     with transaction.atomic(), connection.cursor() as cursor:
         if message_ids:
+            # Only rows that are due: a unit can come early (the reconciler read a retry just
+            # before it was rescheduled later, and the index keeps the earlier score).
             cursor.execute(
                 """
                 UPDATE delivery_message SET status = 'queued', queued_at = clock_timestamp()
                  WHERE id = ANY(%s) AND status IN ('scheduled', 'retry_wait')
+                   AND due_at <= clock_timestamp() + interval '1 second'
                 RETURNING id, priority
                 """,
                 [message_ids],
             )
             queued += cursor.fetchall()
+            moved = {message_id for message_id, _ in queued}
+            cursor.execute(
+                """
+                SELECT id, due_at FROM delivery_message
+                 WHERE id = ANY(%s) AND status IN ('scheduled', 'retry_wait')
+                """,
+                [[i for i in message_ids if i not in moved]],
+            )
+            early = cursor.fetchall()
+            if early:  # back in the index at their real time
+                index_after_commit([(message_unit(message_id), due) for message_id, due in early])
         for campaign_id, epoch in slots:
             cursor.execute(
                 """

@@ -149,7 +149,9 @@ def test_template_admin_refuses_a_malformed_placeholder(admin_client) -> None:  
 @pytest.mark.django_db
 def test_editing_a_sending_campaign_in_the_admin_never_writes_its_counters_or_status(admin_client) -> None:  # noqa: ANN001
     template = Template.objects.create(name="t", subject="s", text="x")
-    campaign = Campaign.objects.create(name="old", template=template, contact_list=ContactList.objects.create(name="l"), status="sending")
+    campaign = Campaign.objects.create(
+        name="old", template=template, contact_list=ContactList.objects.create(name="l"), status="sending"
+    )
     page = admin_client.get(reverse("admin:campaigns_campaign_change", args=[campaign.pk]))
     assert page.status_code == 200
     Campaign.objects.filter(pk=campaign.pk).update(sent_count=7, status="paused")  # workers, an operator

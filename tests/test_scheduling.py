@@ -392,3 +392,30 @@ def test_schedule_dashboard_has_the_source_design_shape_with_real_counts(api, re
     only = api.get("/api/v1/schedules", {"type": "recurring"}).json()["schedules"]
     assert [row["type"] for row in only] == ["recurring"]
     assert api.get("/api/v1/schedules", {"type": "weekly"}).status_code == 400
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_unit_that_comes_early_is_re_indexed_at_its_real_due_time(redis) -> None:  # noqa: ANN001
+    later = timezone.now() + timedelta(minutes=10)
+    message = Message.objects.create(
+        to_email="a@example.com", subject="s", text="t", status="retry_wait", due_at=later
+    )
+    assert dispatch([schedule.Unit("m", message.pk)]) == 0
+    assert Message.objects.get(pk=message.pk).status == "retry_wait"
+    assert redis.zscore(schedule.DUE, f"m:{message.pk}") == pytest.approx(later.timestamp(), abs=0.01)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_republish_queued_command_publishes_every_queued_message(redis) -> None:  # noqa: ANN001
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    ids = [
+        Message.objects.create(to_email=f"q{n}@example.com", subject="s", text="t", priority="high").pk
+        for n in range(3)
+    ]
+    out = StringIO()
+    call_command("republish_queued", stdout=out)
+    assert "3 queued message(s)" in out.getvalue()
+    assert sorted(i for _, args in queued_tasks(redis, "high") for i in args[0]) == sorted(ids)
