@@ -21,6 +21,7 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -136,7 +137,7 @@ def _fan_out(
                 _finish(campaign)
                 report.finished = True
                 return report
-            if local and ids:
+            if local and ids and zones:
                 # Index the slots (a few dozen at most); re-adding an indexed one changes nothing.
                 index_after_commit([(slot_unit(campaign.pk, due), due) for due in set(zones.values())])
             elif ids:
@@ -177,6 +178,8 @@ def _try_lock(campaign_id: int) -> bool:
 def _local_dues(campaign: Campaign) -> dict[str, datetime]:
     """Timezone → due instant, decided against the campaign's start so a resumed fan-out
     decides exactly as the first run did."""
+    if campaign.local_date is None or campaign.local_time is None:
+        raise ValueError(f"local-time campaign {campaign.pk} has no local_date/local_time")
     return {
         name: due.replace(microsecond=0)
         for name, due in due_by_timezone(
@@ -191,7 +194,7 @@ def _local_dues(campaign: Campaign) -> dict[str, datetime]:
 def _step(
     campaign: Campaign, step_size: int, zones: dict[str, datetime] | None
 ) -> tuple[int, int, list[int]]:
-    params: dict[str, object] = {
+    params: dict[str, Any] = {
         "list_id": campaign.contact_list_id,
         "cursor": campaign.fanout_cursor,
         "limit": step_size,

@@ -65,7 +65,7 @@ def schedule(
         campaign.schedule_type = schedule_type
         campaign.scheduled_at = scheduled_at
         now = timezone.now()
-        if schedule_type == Campaign.ScheduleType.LOCAL_TIME:
+        if schedule_type == Campaign.ScheduleType.LOCAL_TIME and local_time is not None:
             campaign.local_date = local_date
             campaign.local_time = local_time.replace(microsecond=0)
             campaign.past_time_policy = past_time_policy or Campaign.PastTimePolicy.NEXT_DAY
@@ -75,7 +75,7 @@ def schedule(
             campaign.status = Status.SENDING
             campaign.started_at = now
             outbox.record_fan_out(campaign.pk)
-        else:
+        elif scheduled_at is not None:  # `at` in the future (checked above: `at` needs scheduled_at)
             campaign.status = Status.SCHEDULED
             from scheduling.schedule import campaign_unit, index_after_commit
 

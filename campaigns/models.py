@@ -46,7 +46,9 @@ class ContactList(models.Model):
     name = models.CharField(max_length=200, unique=True)
     description = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
-    contacts = models.ManyToManyField(Contact, through="ListMembership", related_name="lists")
+    contacts: models.ManyToManyField[Contact, ListMembership] = models.ManyToManyField(
+        Contact, through="ListMembership", related_name="lists"
+    )
 
     class Meta:
         ordering = ["id"]

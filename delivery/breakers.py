@@ -194,6 +194,10 @@ def _call(breaker: pybreaker.CircuitBreaker, func: Callable[[], T]) -> T:
         raise ProviderUnavailable(f"{breaker.name}: {exc}") from exc
 
 
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def snapshot(name: str) -> dict[str, object]:
     """What the health API shows about one provider's breaker."""
     breaker = breaker_for(name)
@@ -201,7 +205,7 @@ def snapshot(name: str) -> dict[str, object]:
     stats = {}
     try:
         raw = redis_client().hgetall(STATS_KEY.format(name=name))
-        stats = {k.decode(): v.decode() for k, v in raw.items()}
+        stats = {_text(k): _text(v) for k, v in raw.items()}
     except redis_lib.RedisError as exc:
         stats = {"redis_error": str(exc)}
     opened_at = storage.opened_at

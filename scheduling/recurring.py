@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime, timedelta
 
-from croniter import CroniterBadCronError, CroniterBadDateError, croniter
+from croniter import CroniterBadCronError, CroniterBadDateError, croniter  # type: ignore[import-untyped]
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -88,6 +88,8 @@ def run_due(limit: int = 50) -> int:
         )
         for schedule in due:
             occurrence = schedule.next_run
+            if occurrence is None:  # filtered on next_run <= now, so never; keeps the types honest
+                continue
             if _fire(schedule, occurrence):
                 created += 1
             schedule.last_run = occurrence

@@ -127,7 +127,7 @@ def add_missing(units: list[tuple[str, float]]) -> int:
     dispatched right now may be added again; dispatching it twice moves nothing the second time."""
     if not units:
         return 0
-    return int(client().zadd(DUE, dict(units), nx=True))
+    return int(client().zadd(DUE, dict(units), nx=True) or 0)
 
 
 def claim(limit: int, lease_seconds: float) -> Claim:

@@ -179,7 +179,7 @@ def _filtered(request: Request, filter_class: type[serializers.Serializer]) -> d
     return filters.validated_data
 
 
-def _save_contact(serializer: ContactSerializer) -> None:
+def _save_contact(serializer: serializers.BaseSerializer) -> None:
     try:
         with transaction.atomic():
             serializer.save()
@@ -204,7 +204,7 @@ class ContactListCreateView(generics.ListCreateAPIView):
             contacts = contacts.filter(status=filters["status"])
         return contacts
 
-    def perform_create(self, serializer: ContactSerializer) -> None:
+    def perform_create(self, serializer: serializers.BaseSerializer) -> None:
         _save_contact(serializer)
 
 
@@ -213,7 +213,7 @@ class ContactDetailView(generics.RetrieveUpdateDestroyAPIView):
     queryset = Contact.objects.all()
     http_method_names = ["get", "patch", "delete", "head", "options"]
 
-    def perform_update(self, serializer: ContactSerializer) -> None:
+    def perform_update(self, serializer: serializers.BaseSerializer) -> None:
         _save_contact(serializer)
 
 
@@ -269,7 +269,7 @@ class ContactListsView(generics.ListCreateAPIView):
     def get_queryset(self) -> QuerySet[ContactList]:
         return _lists()
 
-    def perform_create(self, serializer: ContactListSerializer) -> None:
+    def perform_create(self, serializer: serializers.BaseSerializer) -> None:
         serializer.save().member_count = 0
 
 
@@ -326,7 +326,7 @@ class SuppressionsView(generics.ListCreateAPIView):
             suppressions = suppressions.filter(reason=filters["reason"])
         return suppressions
 
-    def perform_create(self, serializer: SuppressionSerializer) -> None:
+    def perform_create(self, serializer: serializers.BaseSerializer) -> None:
         try:
             with transaction.atomic():
                 serializer.save()

@@ -38,7 +38,9 @@ class MessageCreateSerializer(serializers.Serializer):
     html = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False)
     text = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False)
     template = serializers.SlugField(max_length=100, required=False)
-    context = serializers.DictField(required=False, default=dict)
+    # A field named like DRF's Field.context attribute: the serializer metaclass moves declared
+    # fields out of the class, so there is no clash at run time.
+    context = serializers.DictField(required=False, default=dict)  # type: ignore[assignment]
     priority = serializers.ChoiceField(choices=Priority.choices, default=Priority.HIGH)
     send_at = serializers.DateTimeField(required=False)
 
@@ -91,7 +93,7 @@ class MessageCreateSerializer(serializers.Serializer):
 
 class MessageSerializer(serializers.ModelSerializer):
     to = serializers.CharField(source="to_email")
-    template = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    template: serializers.SlugRelatedField = serializers.SlugRelatedField(slug_field="name", read_only=True)
 
     class Meta:
         model = Message

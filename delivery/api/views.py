@@ -9,7 +9,7 @@ from rest_framework.views import APIView
 
 from delivery.api.serializers import MessageCreateSerializer, MessageSerializer
 from delivery.exceptions import IdempotencyConflict
-from delivery.models import Message
+from delivery.models import ApiKey, Message
 from delivery.selectors import provider_chains, provider_health
 from delivery.services.messages import NewMessage, accept_message, request_fingerprint
 
@@ -47,7 +47,7 @@ class MessageListView(APIView):
         try:
             message, created = accept_message(
                 new,
-                api_key=request.auth,
+                api_key=request.auth if isinstance(request.auth, ApiKey) else None,
                 idempotency_key=idempotency_key,
                 fingerprint=request_fingerprint(request.data),
             )

@@ -87,7 +87,8 @@ def accept_message(
         if scheduled:
             from scheduling.schedule import index_after_commit, message_unit
 
-            index_after_commit([(message_unit(message.pk), message.due_at)])
+            assert new.send_at is not None  # `scheduled` means send_at is in the future
+            index_after_commit([(message_unit(message.pk), new.send_at)])
         else:
             outbox.record_send([message.pk], message.priority)
     return message, True

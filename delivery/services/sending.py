@@ -186,13 +186,13 @@ def _render(messages: Iterable[ClaimedMessage]) -> tuple[list[OutgoingEmail], li
     unbuildable: list[tuple[int, str]] = []
     for m in messages:
         if m.template_id:
-            template = compiled.get(m.template_id, "the message's template was deleted")
-            if isinstance(template, str):
-                unbuildable.append((m.id, f"message cannot be built: {template}"))
+            compiled_template = compiled.get(m.template_id, "the message's template was deleted")
+            if isinstance(compiled_template, str):
+                unbuildable.append((m.id, f"message cannot be built: {compiled_template}"))
                 continue
             context = contact_context(contacts.get(m.contact_id) if m.contact_id else None, m.context)
             context.setdefault("email", m.to_email)
-            rendered = template.render(context)
+            rendered = compiled_template.render(context)
             subject, html, text = rendered.subject, rendered.html, rendered.text
         else:
             subject, html, text = m.subject or "", m.html or "", m.text or ""
@@ -200,7 +200,9 @@ def _render(messages: Iterable[ClaimedMessage]) -> tuple[list[OutgoingEmail], li
             OutgoingEmail(
                 message_id=m.id,
                 to=m.to_email,
-                from_email=m.from_email or campaign_from.get(m.campaign_id) or default_from,
+                from_email=m.from_email
+                or (m.campaign_id and campaign_from.get(m.campaign_id))
+                or default_from,
                 subject=subject,
                 text=text,
                 html=html,

@@ -6,6 +6,7 @@ campaigns.importing.import_contacts; this command adds a progress bar and the re
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -58,7 +59,7 @@ class Command(BaseCommand):
     def _import(self, stream: TextIO, size: int, list_name: str | None) -> ImportReport:
         # The bar goes to stderr, so stdout holds only the report. It follows the bytes consumed
         # from the file (exact to within the decoder's read-ahead of a few kilobytes).
-        console = Console(file=getattr(self.stderr, "_out", self.stderr))
+        console = Console(file=getattr(self.stderr, "_out", sys.stderr))
         columns = (
             TextColumn("{task.description}"),
             BarColumn(),
