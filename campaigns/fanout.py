@@ -34,14 +34,25 @@ from scheduling.schedule import index_after_commit, slot_unit
 
 logger = logging.getLogger(__name__)
 
-_STEP_SQL = """
+# The next `limit` list members after the cursor, in contact-id order (keyset pagination over the
+# (list, contact) unique index).
+_MEMBERS = """
 WITH members AS (
     SELECT lm.contact_id
       FROM campaigns_listmembership AS lm
      WHERE lm.contact_list_id = %(list_id)s AND lm.contact_id > %(cursor)s
      ORDER BY lm.contact_id
      LIMIT %(limit)s
-), created AS (
+)"""
+# What a step reports: the new cursor, how many members it looked at, the ids it created.
+_RESULT = """
+SELECT (SELECT max(contact_id) FROM members),
+       (SELECT count(*) FROM members),
+       (SELECT coalesce(array_agg(id ORDER BY id), '{}') FROM created)
+"""
+
+_STEP_SQL = f"""
+{_MEMBERS.strip()}, created AS (
     INSERT INTO delivery_message (campaign_id, contact_id, template_id, to_email, priority, status, queued_at)
     SELECT %(campaign_id)s, c.id, %(template_id)s, c.email, %(priority)s, 'queued', now()
       FROM members
@@ -52,23 +63,15 @@ WITH members AS (
     ON CONFLICT (campaign_id, contact_id) DO NOTHING
     RETURNING id
 )
-SELECT (SELECT max(contact_id) FROM members),
-       (SELECT count(*) FROM members),
-       (SELECT coalesce(array_agg(id ORDER BY id), '{}') FROM created)
+{_RESULT.strip()}
 """
 
 
 # Local-time campaigns: the same step, but each message is `scheduled` at its contact's local
 # instant, from a small table of timezone → instant computed once (scheduling.localtime).
 # Contacts in a timezone the campaign skips (policy `skip`) join to nothing and are excluded.
-_LOCAL_STEP_SQL = """
-WITH members AS (
-    SELECT lm.contact_id
-      FROM campaigns_listmembership AS lm
-     WHERE lm.contact_list_id = %(list_id)s AND lm.contact_id > %(cursor)s
-     ORDER BY lm.contact_id
-     LIMIT %(limit)s
-), zones AS (
+_LOCAL_STEP_SQL = f"""
+{_MEMBERS.strip()}, zones AS (
     SELECT * FROM unnest(%(zones)s::text[], %(dues)s::timestamptz[]) AS z(name, due)
 ), created AS (
     INSERT INTO delivery_message (campaign_id, contact_id, template_id, to_email, priority, status, due_at)
@@ -82,9 +85,7 @@ WITH members AS (
     ON CONFLICT (campaign_id, contact_id) DO NOTHING
     RETURNING id
 )
-SELECT (SELECT max(contact_id) FROM members),
-       (SELECT count(*) FROM members),
-       (SELECT coalesce(array_agg(id ORDER BY id), '{}') FROM created)
+{_RESULT.strip()}
 """
 
 

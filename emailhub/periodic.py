@@ -45,3 +45,12 @@ def ensure_periodic_tasks(
         # Running beats re-read their schedule when this timestamp moves.
         changed_model.objects.update_or_create(ident=1, defaults={"last_update": timezone.now()})
     return created
+
+
+def create_in_migration(apps: Any, schema_editor: Any) -> None:
+    """RunPython body for the migrations that add periodic tasks (with historical models)."""
+    ensure_periodic_tasks(
+        apps.get_model("django_celery_beat", "IntervalSchedule"),
+        apps.get_model("django_celery_beat", "PeriodicTask"),
+        apps.get_model("django_celery_beat", "PeriodicTasks"),
+    )

@@ -2,15 +2,7 @@
 
 from django.db import migrations
 
-from emailhub.periodic import ensure_periodic_tasks
-
-
-def create(apps, schema_editor):
-    ensure_periodic_tasks(
-        apps.get_model("django_celery_beat", "IntervalSchedule"),
-        apps.get_model("django_celery_beat", "PeriodicTask"),
-        apps.get_model("django_celery_beat", "PeriodicTasks"),
-    )
+from emailhub.periodic import create_in_migration
 
 
 class Migration(migrations.Migration):
@@ -19,4 +11,4 @@ class Migration(migrations.Migration):
         ("delivery", "0002_periodic_tasks"),
     ]
 
-    operations = [migrations.RunPython(create, migrations.RunPython.noop)]
+    operations = [migrations.RunPython(create_in_migration, migrations.RunPython.noop)]

@@ -2,15 +2,7 @@
 
 from django.db import migrations
 
-from emailhub.periodic import PERIODIC_TASKS, ensure_periodic_tasks
-
-
-def create(apps, schema_editor):
-    ensure_periodic_tasks(
-        apps.get_model("django_celery_beat", "IntervalSchedule"),
-        apps.get_model("django_celery_beat", "PeriodicTask"),
-        apps.get_model("django_celery_beat", "PeriodicTasks"),
-    )
+from emailhub.periodic import PERIODIC_TASKS, create_in_migration
 
 
 def remove(apps, schema_editor):
@@ -23,4 +15,4 @@ class Migration(migrations.Migration):
         ("django_celery_beat", "0019_alter_periodictasks_options"),
     ]
 
-    operations = [migrations.RunPython(create, remove)]
+    operations = [migrations.RunPython(create_in_migration, remove)]
