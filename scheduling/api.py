@@ -11,6 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from campaigns.api.validators import validate_mailbox
 from campaigns.models import Campaign, ContactList, Template
 from campaigns.timezones import validate_timezone
 from scheduling import recurring
@@ -35,9 +36,7 @@ class RecurringScheduleSerializer(serializers.ModelSerializer):
         read_only_fields = ["id", "last_run", "next_run", "created_at", "updated_at"]
 
     def validate_from_email(self, value: str) -> str:
-        from campaigns.api.campaigns import validate_mailbox
-
-        return validate_mailbox(value)
+        return validate_mailbox(value, allow_blank=True)
 
     def validate_cron(self, value: str) -> str:
         try:

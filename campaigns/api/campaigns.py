@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from email.utils import parseaddr
 from typing import Any
 
-from django.core.exceptions import ValidationError as DjangoValidationError
-from django.core.validators import validate_email
 from django.db.models import ProtectedError
 from django.shortcuts import get_object_or_404
 from django.urls import path
@@ -17,6 +14,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from campaigns import lifecycle
+from campaigns.api.validators import validate_mailbox
 from campaigns.exceptions import CampaignStateError
 from campaigns.models import Campaign, Contact, ContactList, Template
 from campaigns.services import compile_template, contact_context
@@ -83,7 +81,7 @@ class CampaignSerializer(serializers.ModelSerializer):
         }
 
     def validate_from_email(self, value: str) -> str:
-        return validate_mailbox(value)
+        return validate_mailbox(value, allow_blank=True)
 
     def update(self, instance: Campaign, validated_data: dict[str, Any]) -> Campaign:
         return lifecycle.update_draft(instance.pk, validated_data)
@@ -110,20 +108,6 @@ class ScheduleSerializer(serializers.Serializer):
             if missing:
                 raise serializers.ValidationError(missing)
         return attrs
-
-
-def validate_mailbox(value: str) -> str:
-    """`a@example.com` or `Shop <a@example.com>`; empty means the default sender."""
-    if not value:
-        return value
-    if "\r" in value or "\n" in value:
-        raise serializers.ValidationError("must not contain line breaks (CR or LF)")
-    _, address = parseaddr(value)
-    try:
-        validate_email(address)
-    except DjangoValidationError:
-        raise serializers.ValidationError(f"{value!r} is not a valid sender address") from None
-    return value.strip()
 
 
 def _conflict(exc: Exception) -> Response:

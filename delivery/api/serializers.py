@@ -2,32 +2,15 @@
 
 from __future__ import annotations
 
-from email.utils import parseaddr
 from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.validators import validate_email
 from rest_framework import serializers
 
+from campaigns.api.validators import no_crlf, validate_mailbox
 from campaigns.models import Priority, Template
 from delivery.models import Message
-
-
-def _no_crlf(value: str) -> str:
-    if "\r" in value or "\n" in value:
-        raise serializers.ValidationError("must not contain line breaks (CR or LF)")
-    return value
-
-
-def _mailbox(value: str) -> str:
-    """An address, optionally with a display name: `a@example.com` or `Ann <a@example.com>`."""
-    _no_crlf(value)
-    name, address = parseaddr(value)
-    try:
-        validate_email(address)
-    except DjangoValidationError:
-        raise serializers.ValidationError(f"{value!r} is not a valid email address") from None
-    return value.strip()
 
 
 class MessageCreateSerializer(serializers.Serializer):
@@ -49,7 +32,7 @@ class MessageCreateSerializer(serializers.Serializer):
         self.fields["from"] = serializers.CharField(max_length=254, required=False)
 
     def validate_to(self, value: str) -> str:
-        _no_crlf(value)
+        no_crlf(value)
         try:
             validate_email(value)
         except DjangoValidationError:
@@ -57,10 +40,10 @@ class MessageCreateSerializer(serializers.Serializer):
         return value.strip()
 
     def validate_reply_to(self, value: str) -> str:
-        return _mailbox(value)
+        return validate_mailbox(value)
 
     def validate_subject(self, value: str) -> str:
-        return _no_crlf(value)
+        return no_crlf(value)
 
     def validate_template(self, value: str) -> Template:
         template = Template.objects.filter(name=value).first()
@@ -72,7 +55,7 @@ class MessageCreateSerializer(serializers.Serializer):
         raw_from = self.initial_data.get("from") if isinstance(self.initial_data, dict) else None
         if raw_from is not None:
             try:
-                attrs["from_email"] = _mailbox(str(raw_from))
+                attrs["from_email"] = validate_mailbox(str(raw_from))
             except serializers.ValidationError as exc:
                 raise serializers.ValidationError({"from": exc.detail}) from None
         if attrs.get("template") is not None:
