@@ -56,7 +56,6 @@ import logging
 import os
 import re
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -67,16 +66,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import django  # noqa: E402
 import redis  # noqa: E402
 import requests  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 
+from bench.common import prepare  # noqa: E402
 from bench.smtp_sink import PostfixSink, free_port  # noqa: E402
 from bench.transactional import group_stats  # noqa: E402
 from delivery.testing import sendgrid_server, ses_server  # noqa: E402
@@ -569,22 +567,8 @@ RUNNERS: dict[str, Callable[[Context, int], dict[str, float]]] = {
 
 
 def setup() -> tuple[dict[str, str], str]:
-    """Create and migrate the bench database; return the processes' env and a fresh API key.
-
-    bench/transactional.py's setup() is hard-wired to its own database, so this mirrors it.
-    """
-    base = urlsplit(os.environ.get("DATABASE_URL") or "postgres://postgres@127.0.0.1:5432/emailhub")
-    env = {
-        "DJANGO_SETTINGS_MODULE": "emailhub.settings",
-        "DATABASE_URL": urlunsplit(base._replace(path=f"/{BENCH_DB}")),
-        "REDIS_URL": REDIS_URL,
-        "CELERY_BROKER_URL": REDIS_URL,
-    }
-    child_env = {**os.environ, **env}
-    for argv in (["scripts/ensure_db.py"], ["manage.py", "migrate", "--noinput", "-v0"]):
-        subprocess.run([sys.executable, *argv], cwd=ROOT, env=child_env, check=True)
-    os.environ.update(env)  # this process writes the messages and publishes the tasks
-    django.setup()
+    """Create and migrate the bench database; return the processes' env and a fresh API key."""
+    env = prepare(BENCH_DB, REDIS_URL)
     from delivery.authentication import create_api_key
 
     return env, create_api_key(f"bench-delivery-{time.time_ns()}")[1]

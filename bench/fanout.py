@@ -54,7 +54,6 @@ from collections.abc import Callable
 from pathlib import Path
 from statistics import median
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -64,6 +63,8 @@ import redis  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
+from bench.common import prepare  # noqa: E402
+
 # A database and a Redis database of its own. Not bench/transactional.py's (emailhub_bench, 14):
 # each bench empties its tables and flushes its Redis database at every run, and other benches
 # run on this machine at the same time (claim_bench() refuses to share).
@@ -72,26 +73,9 @@ REDIS_URL = "redis://127.0.0.1:6379/11"
 TEMPLATE_NAME = "bench-newsletter"
 
 
-def bench_env(database: str = BENCH_DB, redis_url: str = REDIS_URL) -> dict[str, str]:
-    """The environment of every process of a bench: its own database and Redis database."""
-    # The server and user of DATABASE_URL (or the project default), with the bench database.
-    base = urlsplit(os.environ.get("DATABASE_URL") or "postgres://postgres@127.0.0.1:5432/emailhub")
-    return {
-        "DJANGO_SETTINGS_MODULE": "emailhub.settings",
-        "DATABASE_URL": urlunsplit(base._replace(path=f"/{database}")),
-        "REDIS_URL": redis_url,
-        "CELERY_BROKER_URL": redis_url,
-    }
-
-
 def setup(database: str = BENCH_DB, redis_url: str = REDIS_URL) -> dict[str, str]:
     """Create and migrate the bench database, point this process at it, claim it; return the env."""
-    env = bench_env(database, redis_url)
-    child_env = {**os.environ, **env}
-    for argv in (["scripts/ensure_db.py"], ["manage.py", "migrate", "--noinput", "-v0"]):
-        subprocess.run([sys.executable, *argv], cwd=ROOT, env=child_env, check=True)
-    os.environ.update(env)
-    django.setup()
+    env = prepare(database, redis_url)
     claim_bench(redis_url)
     return env
 

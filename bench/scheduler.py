@@ -66,7 +66,6 @@ import os
 import re
 import resource
 import signal
-import subprocess
 import sys
 import time
 import uuid
@@ -76,15 +75,14 @@ from datetime import datetime
 from pathlib import Path
 from statistics import median
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import django  # noqa: E402
 import redis  # noqa: E402
 from django.db import connection  # noqa: E402
 
+from bench.common import prepare  # noqa: E402
 from bench.transactional import group_stats, percentile  # noqa: E402
 from scripts.stack import Stack  # noqa: E402
 
@@ -103,22 +101,9 @@ DISPATCHED = re.compile(
 
 def setup(database: str, redis_url: str) -> dict[str, str]:
     """Create and migrate the bench database, point this process at it; return the env."""
-    base = urlsplit(os.environ.get("DATABASE_URL") or "postgres://postgres@127.0.0.1:5432/emailhub")
-    env = {
-        "DJANGO_SETTINGS_MODULE": "emailhub.settings",
-        "DATABASE_URL": urlunsplit(base._replace(path=f"/{database}")),
-        "REDIS_URL": redis_url,
-        "CELERY_BROKER_URL": redis_url,
-        # run_scheduler's per-claim INFO line is what the publish bound is read from; INFO is the
-        # default, but an inherited EMAILHUB_LOG_LEVEL=WARNING would silence it.
-        "EMAILHUB_LOG_LEVEL": "INFO",
-    }
-    child_env = {**os.environ, **env}
-    for argv in (["scripts/ensure_db.py"], ["manage.py", "migrate", "--noinput", "-v0"]):
-        subprocess.run([sys.executable, *argv], cwd=ROOT, env=child_env, check=True)
-    os.environ.update(env)  # schedule.client() and Django in this process use the same ones
-    django.setup()
-    return env
+    # run_scheduler's per-claim INFO line is what the publish bound is read from; INFO is the
+    # default, but an inherited EMAILHUB_LOG_LEVEL=WARNING would silence it.
+    return prepare(database, redis_url, EMAILHUB_LOG_LEVEL="INFO")
 
 
 def ensure_alone(r: redis.Redis) -> None:

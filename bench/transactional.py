@@ -31,23 +31,21 @@ import itertools
 import math
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 from statistics import median
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import django  # noqa: E402
 import redis  # noqa: E402
 import requests  # noqa: E402
 from django.db import connection  # noqa: E402
 
+from bench.common import prepare  # noqa: E402
 from bench.smtp_sink import SinkUnavailable, free_port, open_sink  # noqa: E402
 from scripts.stack import Stack  # noqa: E402
 
@@ -223,19 +221,7 @@ def one_run(args: argparse.Namespace, env: dict[str, str], api_key: str, number:
 
 def setup() -> tuple[dict[str, str], str]:
     """Create and migrate the bench database; return the processes' env and a fresh API key."""
-    # The server and user of DATABASE_URL (or the project default), with the bench database.
-    base = urlsplit(os.environ.get("DATABASE_URL") or "postgres://postgres@127.0.0.1:5432/emailhub")
-    env = {
-        "DJANGO_SETTINGS_MODULE": "emailhub.settings",
-        "DATABASE_URL": urlunsplit(base._replace(path=f"/{BENCH_DB}")),
-        "REDIS_URL": REDIS_URL,
-        "CELERY_BROKER_URL": REDIS_URL,
-    }
-    child_env = {**os.environ, **env}
-    for argv in (["scripts/ensure_db.py"], ["manage.py", "migrate", "--noinput", "-v0"]):
-        subprocess.run([sys.executable, *argv], cwd=ROOT, env=child_env, check=True)
-    os.environ.update(env)  # this process reads the same database through Django
-    django.setup()
+    env = prepare(BENCH_DB, REDIS_URL)
     from delivery.authentication import create_api_key
 
     return env, create_api_key(f"bench-{time.time_ns()}")[1]
