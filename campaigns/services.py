@@ -7,7 +7,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.db.models import ProtectedError
 
-from campaigns.models import Contact, ContactList, ListMembership, Suppression, Template
+from campaigns.models import Contact, ContactList, ListMembership, Template
 from campaigns.templating import EmailTemplate
 
 
@@ -24,22 +24,6 @@ def contact_context(contact: Contact | None, extra: dict[str, Any] | None = None
     if extra:
         context.update(extra)
     return context
-
-
-def suppressed_addresses(emails: list[str]) -> set[str]:
-    """Which of these addresses are on the suppression list (one query)."""
-    if not emails:
-        return set()
-    lowered = {email.lower() for email in emails}
-    return set(Suppression.objects.filter(email__in=lowered).values_list("email", flat=True))
-
-
-def suppress(email: str, reason: str, detail: str = "") -> bool:
-    """Put an address on the suppression list; True when it was not there yet."""
-    _, created = Suppression.objects.get_or_create(
-        email=email.lower(), defaults={"reason": reason, "detail": detail[:2000]}
-    )
-    return created
 
 
 class ListInUse(Exception):
