@@ -34,6 +34,9 @@ class Contact(models.Model):
     )
     created_at = models.DateTimeField(db_default=Now(), editable=False)
     updated_at = models.DateTimeField(auto_now=True)
+    # Set when an operator erases the contact: its personal data is removed and the row kept, so
+    # the messages sent to it keep a valid contact (see campaigns.services, docs/campaigns).
+    anonymised_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["id"]
@@ -184,6 +187,9 @@ class Campaign(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
     started_at = models.DateTimeField(null=True, blank=True)
     completed_at = models.DateTimeField(null=True, blank=True)
+    # A campaign with messages is never deleted (its delivery history stays); it is archived:
+    # hidden from the default admin list and from the dashboard.
+    archived_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-id"]
