@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 import time
+from collections.abc import Iterable
 
 from django.conf import settings
 from django.db.models.signals import post_save
@@ -12,7 +13,7 @@ from django.dispatch import receiver
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
-from delivery.models import ApiKey
+from delivery.models import ApiKey, ApiKeyScope, default_api_key_scopes
 
 KEY_PREFIX = "eh_"
 
@@ -41,10 +42,17 @@ def _lookup(key_hash: str) -> ApiKey | None:
     return key
 
 
-def create_api_key(name: str) -> tuple[ApiKey, str]:
-    """Create a key; the raw key is returned once and never stored."""
+def create_api_key(name: str, scopes: Iterable[str] | None = None) -> tuple[ApiKey, str]:
+    """Create a key; the raw key is returned once and never stored.
+
+    `scopes` defaults to send and read (an application's key); unknown scopes raise ValueError.
+    """
+    chosen = default_api_key_scopes() if scopes is None else list(dict.fromkeys(scopes))
+    unknown = sorted(set(chosen) - set(ApiKeyScope.values))
+    if unknown:
+        raise ValueError(f"unknown scope(s) {', '.join(unknown)}; choose from {', '.join(ApiKeyScope.values)}")
     raw = KEY_PREFIX + secrets.token_urlsafe(32)
-    key = ApiKey.objects.create(name=name, prefix=raw[:10], key_hash=hash_key(raw))
+    key = ApiKey.objects.create(name=name, prefix=raw[:10], key_hash=hash_key(raw), scopes=chosen)
     return key, raw
 
 

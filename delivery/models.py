@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models.functions import Now, Upper
 
 from campaigns.models import Campaign, Contact, Priority, Template
+
+
+class ApiKeyScope(models.TextChoices):
+    SEND = "send"  # POST /api/v1/messages and /messages/batch
+    READ = "read"  # GET the key's own messages and their events
+    MANAGE = "manage"  # everything else, and every key's messages
+
+
+def default_api_key_scopes() -> list[str]:
+    # A new key is an application's: it sends and reads its own mail, nothing more.
+    return [ApiKeyScope.SEND.value, ApiKeyScope.READ.value]
 
 
 class ApiKey(models.Model):
@@ -14,6 +26,11 @@ class ApiKey(models.Model):
     name = models.CharField(max_length=100, unique=True)
     prefix = models.CharField(max_length=16, help_text="The key's first characters, to recognise it")
     key_hash = models.CharField(max_length=64, unique=True, editable=False)
+    scopes = ArrayField(
+        models.CharField(max_length=10, choices=ApiKeyScope.choices),
+        default=default_api_key_scopes,
+        help_text="send, read, manage",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
 
@@ -130,6 +147,13 @@ class Message(models.Model):
             # index instead of Django's plain + varchar_pattern_ops pair, neither of which served
             # that query while both cost every fan-out insert.
             models.Index(Upper("to_email"), name="message_to_email_upper_idx"),
+            # A key lists its own messages newest first. Partial: campaign rows have no key, so
+            # fan-out inserts never pay for this index.
+            models.Index(
+                fields=["api_key", "-id"],
+                name="message_api_key_idx",
+                condition=models.Q(api_key__isnull=False),
+            ),
         ]
 
     def __str__(self) -> str:

@@ -55,7 +55,8 @@ def redis() -> Iterator[redis_lib.Redis]:
 
 @pytest.fixture
 def api_key(db) -> tuple[ApiKey, str]:  # noqa: ANN001
-    return create_api_key(f"test-{time.monotonic_ns()}")
+    # Every scope: the suite's tests exercise every endpoint with this one key.
+    return create_api_key(f"test-{time.monotonic_ns()}", scopes=["send", "read", "manage"])
 
 
 @pytest.fixture
