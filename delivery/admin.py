@@ -1,10 +1,14 @@
 from __future__ import annotations
 
-from django.contrib import admin
+from django import forms
+from django.conf import settings
+from django.contrib import admin, messages
+from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
-from delivery.models import ApiKey, EmailEvent, Message, OutboxEvent
+from delivery.authentication import revoke_api_key
+from delivery.models import ApiKey, ApiKeyScope, EmailEvent, Message, OutboxEvent
 from delivery.selectors import provider_chains, provider_health
 
 
@@ -39,14 +43,53 @@ class EmailEventAdmin(admin.ModelAdmin):
     readonly_fields = ("created_at",)
 
 
+class ApiKeyForm(forms.ModelForm):
+    scopes = forms.MultipleChoiceField(
+        choices=ApiKeyScope.choices,
+        widget=forms.CheckboxSelectMultiple,
+        help_text="send: POST messages; read: its own messages; manage: everything else and every key's messages",
+    )
+
+    class Meta:
+        model = ApiKey
+        fields = ("name", "scopes")
+
+
+@admin.action(description="Revoke selected API keys (every process refuses them within the key cache time)")
+def revoke_api_keys(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
+    revoked = [key for key in queryset if revoke_api_key(key)]
+    modeladmin.message_user(
+        request,
+        f"revoked {len(revoked)} key(s); other processes refuse them within "
+        f"{settings.EMAILHUB_API_KEY_CACHE_SECONDS:g} s",
+        messages.SUCCESS if revoked else messages.WARNING,
+    )
+
+
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
-    list_display = ("name", "prefix", "created_at", "revoked_at")
+    form = ApiKeyForm
+    list_display = ("name", "prefix", "scope_list", "created_at", "revoked_at")
+    list_filter = (("revoked_at", admin.EmptyFieldListFilter),)
     search_fields = ("name", "prefix")
-    readonly_fields = ("prefix", "key_hash", "created_at")
+    # revoked_at is read-only: a Save must never un-revoke a key, and revoking is the action's
+    # conditional UPDATE (the same service as `manage.py revoke_api_key`).
+    readonly_fields = ("prefix", "created_at", "revoked_at")
+    actions = (revoke_api_keys,)
 
-    def has_add_permission(self, request: object) -> bool:
+    @admin.display(description="scopes")
+    def scope_list(self, key: ApiKey) -> str:
+        return ", ".join(key.scopes)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # keys are made with `manage.py create_api_key`, which shows the key once
+
+    def has_delete_permission(self, request: HttpRequest, obj: ApiKey | None = None) -> bool:
+        return False  # a key's messages name it; revoke it instead
+
+    def save_model(self, request: HttpRequest, obj: ApiKey, form: forms.ModelForm, change: bool) -> None:
+        # Write only what the operator changed, never the rest of a row read when the page opened.
+        obj.save(update_fields=[f for f in form.changed_data if f in ("name", "scopes")])
 
 
 def provider_health_view(request: HttpRequest) -> HttpResponse:

@@ -8,6 +8,8 @@ import time
 from collections.abc import Iterable
 
 from django.conf import settings
+from django.db.models import Q
+from django.db.models.functions import Now
 from django.db.models.signals import post_save
 from django.dispatch import receiver
 from rest_framework import authentication, exceptions
@@ -50,10 +52,42 @@ def create_api_key(name: str, scopes: Iterable[str] | None = None) -> tuple[ApiK
     chosen = default_api_key_scopes() if scopes is None else list(dict.fromkeys(scopes))
     unknown = sorted(set(chosen) - set(ApiKeyScope.values))
     if unknown:
-        raise ValueError(f"unknown scope(s) {', '.join(unknown)}; choose from {', '.join(ApiKeyScope.values)}")
+        raise ValueError(
+            f"unknown scope(s) {', '.join(unknown)}; choose from {', '.join(ApiKeyScope.values)}"
+        )
     raw = KEY_PREFIX + secrets.token_urlsafe(32)
     key = ApiKey.objects.create(name=name, prefix=raw[:10], key_hash=hash_key(raw), scopes=chosen)
     return key, raw
+
+
+def find_api_key(name_or_prefix: str) -> ApiKey:
+    """The key named so, or whose prefix (or whole raw key) this is; LookupError if not exactly one."""
+    ident = name_or_prefix.strip()
+    if not ident:
+        raise LookupError("give a key's name or prefix, e.g. `billing-service` or `eh_AbC123x`")
+    matches = list(
+        ApiKey.objects.filter(
+            Q(name=ident) | Q(prefix=ident) | Q(key_hash=hash_key(ident)),
+        )[:2]
+    )
+    if not matches:
+        raise LookupError(f"no API key has the name or prefix {ident!r} (see `manage.py list_api_keys`)")
+    if len(matches) > 1:
+        # A name equal to another key's prefix, or two keys sharing a prefix: refuse to guess.
+        raise LookupError(f"{ident!r} matches more than one API key: {', '.join(map(str, matches))}; use its name")
+    return matches[0]
+
+
+def revoke_api_key(key: ApiKey) -> bool:
+    """Revoke the key; False if it was revoked already (the first revocation time is kept).
+
+    This process forgets its cached keys at once; every other process refuses the key within
+    EMAILHUB_API_KEY_CACHE_SECONDS, when its cached lookup expires.
+    """
+    revoked = ApiKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(revoked_at=Now())
+    forget_cached_keys()
+    key.refresh_from_db(fields=["revoked_at"])
+    return revoked == 1
 
 
 class ApiKeyAuthentication(authentication.BaseAuthentication):
@@ -73,16 +107,6 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
 
     def authenticate_header(self, request: Request) -> str:
         return self.keyword
-
-
-class HasApiKey:
-    """Permission: the request carried a valid API key (DRF's IsAuthenticated needs a user)."""
-
-    def has_permission(self, request: Request, view: object) -> bool:
-        return isinstance(request.auth, ApiKey)
-
-    def has_object_permission(self, request: Request, view: object, obj: object) -> bool:
-        return True
 
 
 @receiver(post_save, sender=ApiKey)

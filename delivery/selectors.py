@@ -6,8 +6,11 @@ from typing import Any
 
 import redis as redis_lib
 from django.conf import settings
+from django.db.models import QuerySet
 
 from delivery.breakers import snapshot
+from delivery.models import ApiKey, Message
+from delivery.permissions import can_manage
 from delivery.ratelimit import bucket_for
 from delivery.services.sending import BULK, TRANSACTIONAL, provider_chain
 
@@ -49,3 +52,13 @@ def provider_chains() -> dict[str, list[str]]:
         TRANSACTIONAL: list(settings.EMAILHUB_PROVIDERS_TRANSACTIONAL),
         BULK: list(settings.EMAILHUB_PROVIDERS_BULK),
     }
+
+
+def messages_visible_to(key: ApiKey) -> QuerySet[Message]:
+    """The messages a key may read: its own, or every message if it may manage.
+
+    Another key's message is simply absent (a 404, not a 403), so ids are not an oracle. A
+    key's own list is served by message_api_key_idx.
+    """
+    messages = Message.objects.select_related("template")
+    return messages if can_manage(key) else messages.filter(api_key=key)

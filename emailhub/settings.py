@@ -182,7 +182,8 @@ EMAILHUB_RATE_MAX_WAIT_SECONDS = env_float("EMAILHUB_RATE_MAX_WAIT_SECONDS", 30.
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["delivery.authentication.ApiKeyAuthentication"],
-    "DEFAULT_PERMISSION_CLASSES": ["delivery.authentication.HasApiKey"],
+    # A valid key holding the view's scope for the method; `manage` unless the view says otherwise.
+    "DEFAULT_PERMISSION_CLASSES": ["delivery.permissions.ApiKeyScopes"],
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",

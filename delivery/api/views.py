@@ -1,22 +1,35 @@
 from __future__ import annotations
 
+from django.db.models import QuerySet
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import status
+from rest_framework import generics, mixins, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from delivery.api.serializers import MessageCreateSerializer, MessageSerializer
 from delivery.exceptions import IdempotencyConflict
-from delivery.models import ApiKey, Message
-from delivery.selectors import provider_chains, provider_health
+from delivery.models import ApiKey, ApiKeyScope, Message
+from delivery.permissions import request_key
+from delivery.selectors import messages_visible_to, provider_chains, provider_health
 from delivery.services.messages import NewMessage, accept_message, request_fingerprint
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 
 
-class MessageListView(APIView):
+class MessageListView(mixins.ListModelMixin, generics.GenericAPIView):
+    # Sending and reading one's own mail are an application's scopes; `manage` reads everyone's.
+    required_scopes = {"POST": (ApiKeyScope.SEND,), "GET": (ApiKeyScope.READ, ApiKeyScope.MANAGE)}
+    serializer_class = MessageSerializer
+
+    def get_queryset(self) -> QuerySet[Message]:
+        return messages_visible_to(request_key(self.request))
+
+    def get(self, request: Request) -> Response:
+        """The key's own messages, newest first (every key's with `manage`)."""
+        return self.list(request)
+
     @extend_schema(
         request=MessageCreateSerializer,
         responses={202: MessageSerializer},
@@ -60,9 +73,11 @@ class MessageListView(APIView):
 
 
 class MessageDetailView(APIView):
+    required_scopes = {"GET": (ApiKeyScope.READ, ApiKeyScope.MANAGE)}
+
     @extend_schema(responses={200: MessageSerializer})
     def get(self, request: Request, message_id: int) -> Response:
-        message = get_object_or_404(Message.objects.select_related("template"), pk=message_id)
+        message = get_object_or_404(messages_visible_to(request_key(request)), pk=message_id)
         return Response(MessageSerializer(message).data)
 
 
