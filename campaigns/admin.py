@@ -1,11 +1,15 @@
 from __future__ import annotations
 
+from typing import Any
+
+from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.html import format_html
 
 from campaigns import lifecycle
+from campaigns.erasure import erase_contacts, placeholder_for
 from campaigns.exceptions import CampaignStateError
 from campaigns.models import Campaign, Contact, ContactList, ListMembership, Suppression, Template
 from campaigns.services import compile_template, contact_context
@@ -14,11 +18,49 @@ from campaigns.templating import TemplateSyntaxError
 
 @admin.register(Contact)
 class ContactAdmin(admin.ModelAdmin):
-    list_display = ("email", "name", "timezone", "status", "created_at")
+    """Delete anonymises (campaigns.erasure): the record that mail was sent to a contact stays.
+
+    `status` is written by bounces, complaints and unsubscribes, so the form shows it and never
+    saves it; a save writes only the fields the operator changed.
+    """
+
+    list_display = ("email", "name", "timezone", "status", "created_at", "anonymised_at")
     list_filter = ("status",)
     search_fields = ("=email", "name")
-    readonly_fields = ("created_at", "updated_at")
+    readonly_fields = ("status", "created_at", "updated_at", "anonymised_at")
     show_full_result_count = False
+
+    def has_change_permission(self, request: HttpRequest, obj: Contact | None = None) -> bool:
+        if obj is not None and obj.anonymised_at is not None:
+            return False  # nothing personal may be written back to an erased contact
+        return super().has_change_permission(request, obj)
+
+    def save_model(self, request: HttpRequest, obj: Contact, form: forms.ModelForm, change: bool) -> None:
+        if change:
+            fields = [f for f in form.changed_data if f not in self.readonly_fields]
+            if fields:
+                obj.save(update_fields=[*fields, "updated_at"])
+        else:
+            obj.save()
+
+    def get_deleted_objects(
+        self, objs: QuerySet[Contact] | list[Contact], request: HttpRequest
+    ) -> tuple[list[str], dict[str, int], set[str], list[str]]:
+        # Nothing is deleted, so the confirmation page must not list memberships and messages as
+        # if they were (and must not walk them: a contact can be in many lists).
+        summary = [
+            f"{contact}: anonymised, not deleted: the address becomes {placeholder_for(contact.pk)}, "
+            "name and attributes are cleared, list memberships removed; messages sent to it keep "
+            "their status and timestamps under the placeholder address"
+            for contact in objs
+        ]
+        return summary, {"contacts to anonymise": len(summary)}, set(), []
+
+    def delete_model(self, request: HttpRequest, obj: Contact) -> None:
+        erase_contacts([obj.pk])
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Contact]) -> None:
+        erase_contacts(list(queryset.values_list("pk", flat=True)))
 
 
 @admin.register(ContactList)
@@ -105,13 +147,54 @@ def cancel(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySe
     _apply(modeladmin, request, queryset, "cancel")
 
 
+@admin.action(description="Archive (completed, cancelled or failed campaigns)")
+def archive(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
+    _apply(modeladmin, request, queryset, "archive")
+
+
+class ArchivedFilter(admin.SimpleListFilter):
+    """Archived campaigns are hidden unless asked for: the default list shows live ones."""
+
+    title = "archived"
+    parameter_name = "archived"
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
+        return [("yes", "Archived"), ("all", "All")]
+
+    def choices(self, changelist: Any) -> Any:
+        yield {
+            "selected": self.value() is None,
+            "query_string": changelist.get_query_string(remove=[self.parameter_name]),
+            "display": "Not archived",
+        }
+        for lookup, title in self.lookup_choices:
+            yield {
+                "selected": self.value() == lookup,
+                "query_string": changelist.get_query_string({self.parameter_name: lookup}),
+                "display": title,
+            }
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Campaign]) -> QuerySet[Campaign]:
+        if self.value() == "yes":
+            return queryset.filter(archived_at__isnull=False)
+        if self.value() == "all":
+            return queryset
+        return queryset.filter(archived_at__isnull=True)
+
+
 @admin.register(Campaign)
 class CampaignAdmin(admin.ModelAdmin):
-    """State changes go through the actions (lifecycle services); counters, cursor and status are
-    never written from this form, and nothing but name, sender and priority once it has started:
-    a full-row save would overwrite what workers and fan-out moved meanwhile."""
+    """State changes go through the actions (lifecycle services). Status, counters, cursor and
+    timestamps are never written from this form: a full-row save would overwrite what workers
+    and fan-out moved meanwhile. A draft's content is saved through lifecycle.update_draft (locked
+    against a concurrent schedule); once it has started, only its name (a label) can change.
 
-    actions = [start_now, pause, resume, cancel]
+    A campaign with messages is never deleted (its delivery history stays): it is cancelled and
+    archived. Only a draft with no messages is deleted, and the confirmation page never lists
+    messages (a 1M campaign's page would time out).
+    """
+
+    actions = [start_now, pause, resume, cancel, archive]
     list_display = (
         "name",
         "status",
@@ -122,26 +205,64 @@ class CampaignAdmin(admin.ModelAdmin):
         "progress",
         "created_at",
     )
-    list_filter = ("status", "priority", "schedule_type")
+    list_filter = (ArchivedFilter, "status", "priority", "schedule_type")
     search_fields = ("name",)
     always_readonly = (
         "status", "schedule_type", "scheduled_at", "local_date", "local_time", "past_time_policy",
-        "created_at", "updated_at", "started_at", "completed_at", "fanout_cursor", "fanout_done",
-        "total_count", "excluded_count", "sent_count", "failed_count", "suppressed_count", "cancelled_count",
-        "progress",
+        "created_at", "updated_at", "started_at", "completed_at", "archived_at", "fanout_cursor",
+        "fanout_done", "total_count", "excluded_count", "sent_count", "failed_count", "suppressed_count",
+        "cancelled_count", "progress",
     )  # fmt: skip
+    draft_content = ("template", "contact_list", "from_email", "priority", "window_hours")
 
     def get_readonly_fields(self, request: HttpRequest, obj: Campaign | None = None) -> tuple[str, ...]:
         if obj is not None and obj.status != Campaign.Status.DRAFT:
-            return (*self.always_readonly, "template", "contact_list", "window_hours")
+            return (*self.always_readonly, *self.draft_content)
         return self.always_readonly
 
-    def save_model(self, request: HttpRequest, obj: Campaign, form: object, change: bool) -> None:
-        if change:
-            editable = [f for f in form.changed_data if f not in self.get_readonly_fields(request, obj)]  # type: ignore[attr-defined]
-            obj.save(update_fields=[*editable, "updated_at"])
+    def save_model(self, request: HttpRequest, obj: Campaign, form: forms.ModelForm, change: bool) -> None:
+        if not change:
+            obj.save()  # a new draft
+            return
+        readonly = self.get_readonly_fields(request, obj)
+        changes = {f: form.cleaned_data[f] for f in form.changed_data if f not in readonly}
+        if not changes:
+            return
+        if set(changes) - {"name"}:
+            try:
+                lifecycle.update_draft(obj.pk, changes)
+            except CampaignStateError as exc:  # scheduled between the form's check and this save
+                self.message_user(request, f"{obj}: not saved: {exc}", messages.ERROR)
         else:
-            obj.save()
+            # Only the label: one column, and not updated_at, which the stalled-fan-out sweep
+            # reads as fan-out progress.
+            Campaign.objects.filter(pk=obj.pk).update(name=changes["name"])
+
+    def get_deleted_objects(
+        self, objs: QuerySet[Campaign] | list[Campaign], request: HttpRequest
+    ) -> tuple[Any, Any, set[str], list[str]]:
+        refused = [
+            f"{campaign} (campaign {campaign.pk}) is {campaign.status}"
+            + (f" with {campaign.total_count} message(s)" if campaign.total_count else "")
+            + ": only a draft with no messages is deleted; cancel and archive it instead"
+            for campaign in objs
+            if campaign.status != Campaign.Status.DRAFT or campaign.message_set.exists()
+        ]
+        if refused:
+            return [], {}, set(), refused
+        return super().get_deleted_objects(objs, request)
+
+    def delete_model(self, request: HttpRequest, obj: Campaign) -> None:
+        self.delete_queryset(request, Campaign.objects.filter(pk=obj.pk))
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Campaign]) -> None:
+        # get_deleted_objects refused everything but message-less drafts just before; the service
+        # checks again under the row lock, for a draft started in between.
+        for campaign_id in queryset.values_list("pk", flat=True):
+            try:
+                lifecycle.delete_draft(campaign_id)
+            except CampaignStateError as exc:
+                self.message_user(request, f"campaign {campaign_id} not deleted: {exc}", messages.ERROR)
 
     @admin.display(description="done")
     def progress(self, campaign: Campaign) -> str:

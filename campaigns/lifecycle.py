@@ -167,6 +167,42 @@ def cancel(campaign_id: int) -> Campaign:
     return campaign
 
 
+# A finished campaign may be archived: hidden from the admin's default list, history kept.
+ARCHIVABLE = (Status.COMPLETED, Status.CANCELLED, Status.FAILED)
+
+
+def archive(campaign_id: int) -> Campaign:
+    """Archive a finished campaign (one conditional UPDATE); a running one must be cancelled first."""
+    with transaction.atomic():
+        moved = Campaign.objects.filter(pk=campaign_id, status__in=ARCHIVABLE, archived_at=None).update(
+            archived_at=timezone.now()
+        )
+        campaign = Campaign.objects.get(pk=campaign_id)
+        if not moved:
+            if campaign.archived_at is not None:
+                raise CampaignStateError("this campaign is archived already")
+            raise CampaignStateError(
+                f"only a completed, cancelled or failed campaign can be archived; this one is "
+                f"{campaign.status} (cancel it first)"
+            )
+    return campaign
+
+
+def delete_draft(campaign_id: int) -> None:
+    """Delete a draft that has no messages. A campaign with messages is never deleted: its
+    delivery history stays (cancel and archive it instead)."""
+    with transaction.atomic():
+        campaign = _locked(campaign_id)  # a concurrent schedule waits, then finds it gone
+        if campaign.status != Status.DRAFT:
+            raise CampaignStateError(
+                f"only a draft campaign can be deleted; this one is {campaign.status} "
+                "(cancel and archive it instead)"
+            )
+        if campaign.message_set.exists():
+            raise CampaignStateError("this campaign has messages; archive it instead")
+        campaign.delete()
+
+
 def requeue_queued(campaign_id: int, step: int = 50_000) -> int:
     """Publish send tasks again for the campaign's queued messages, in keyset steps."""
     campaign = Campaign.objects.get(pk=campaign_id)

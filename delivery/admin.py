@@ -10,37 +10,91 @@ from django.template.response import TemplateResponse
 from delivery.authentication import revoke_api_key
 from delivery.models import ApiKey, ApiKeyScope, EmailEvent, Message, OutboxEvent
 from delivery.selectors import provider_chains, provider_health
+from delivery.services import operator
+from delivery.services.operator import OperatorReport
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Shown, never written: no Add, no Save, no Delete (a POST to the change page is a 403).
+
+    A saved form writes back every field it showed, including what a worker changed after the
+    page was opened: Save on a `retry_wait` message the worker had sent meanwhile put it back in
+    `retry_wait` and sent it twice (issue 8). Operators act through the actions, which call the
+    conditional-UPDATE services of delivery.services.operator.
+    """
+
+    def has_add_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_operate_permission(self, request: HttpRequest) -> bool:
+        """Who may run the actions: whoever Django's "change" permission names (a superuser,
+        or staff granted it), even though the form itself never saves."""
+        meta = self.model._meta
+        return request.user.has_perm(f"{meta.app_label}.change_{meta.model_name}")
+
+
+def _report(modeladmin: admin.ModelAdmin, request: HttpRequest, verb: str, report: OperatorReport) -> None:
+    if report.moved:
+        modeladmin.message_user(request, f"{verb} {len(report.moved)} message(s)", messages.SUCCESS)
+    for message_id, reason in sorted(report.skipped.items())[:50]:
+        modeladmin.message_user(request, f"message {message_id} skipped: {reason}", messages.WARNING)
+    if len(report.skipped) > 50:
+        modeladmin.message_user(request, f"… and {len(report.skipped) - 50} more skipped", messages.WARNING)
+    if not report.moved and not report.skipped:
+        modeladmin.message_user(request, f"{verb} 0 message(s)", messages.WARNING)
+
+
+@admin.action(description="Retry failed message(s): attempts restart at 0", permissions=["operate"])
+def retry_failed_messages(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
+    _report(
+        modeladmin, request, "requeued", operator.retry_failed(list(queryset.values_list("pk", flat=True)))
+    )
+
+
+@admin.action(description="Cancel queued, scheduled or retry_wait message(s)", permissions=["operate"])
+def cancel_messages(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
+    _report(
+        modeladmin,
+        request,
+        "cancelled",
+        operator.cancel_messages(list(queryset.values_list("pk", flat=True))),
+    )
 
 
 @admin.register(Message)
-class MessageAdmin(admin.ModelAdmin):
+class MessageAdmin(ReadOnlyAdmin):
+    actions = [retry_failed_messages, cancel_messages]
     list_display = ("id", "to_email", "priority", "status", "provider", "attempts", "created_at", "sent_at")
     list_filter = ("status", "priority", "provider")
     search_fields = ("=to_email", "=provider_message_id")
     raw_id_fields = ("campaign", "contact", "template", "api_key")
-    readonly_fields = (
-        "created_at", "queued_at", "claimed_at", "sent_at", "attempts", "provider",
-        "provider_message_id", "last_error", "request_fingerprint", "idempotency_key",
-    )  # fmt: skip
     # Counting a table of millions on every page is the slow part of the changelist.
     show_full_result_count = False
     list_select_related = False
 
 
 @admin.register(OutboxEvent)
-class OutboxEventAdmin(admin.ModelAdmin):
+class OutboxEventAdmin(ReadOnlyAdmin):
+    """The relay's work list: deleting a row would lose the task it announces."""
+
     list_display = ("id", "kind", "payload", "created_at")
     list_filter = ("kind",)
-    readonly_fields = ("kind", "payload", "created_at")
 
 
 @admin.register(EmailEvent)
-class EmailEventAdmin(admin.ModelAdmin):
+class EmailEventAdmin(ReadOnlyAdmin):
+    """History written by webhooks and tracking."""
+
     list_display = ("id", "kind", "provider", "message", "occurred_at")
     list_filter = ("kind", "provider")
     search_fields = ("=message__to_email", "=provider_event_id")
     raw_id_fields = ("message",)
-    readonly_fields = ("created_at",)
 
 
 class ApiKeyForm(forms.ModelForm):

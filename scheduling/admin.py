@@ -2,7 +2,10 @@ from __future__ import annotations
 
 from django import forms
 from django.contrib import admin
+from django.db import transaction
 from django.http import HttpRequest
+from django_celery_beat.admin import PeriodicTaskAdmin as BeatPeriodicTaskAdmin
+from django_celery_beat.models import PeriodicTask
 
 from scheduling import recurring
 from scheduling.models import RecurringSchedule, ScheduleOccurrence
@@ -33,12 +36,57 @@ class RecurringScheduleAdmin(admin.ModelAdmin):
     def save_model(
         self, request: HttpRequest, obj: RecurringSchedule, form: forms.ModelForm, change: bool
     ) -> None:
-        recurring.refresh_next_run(obj)
-        super().save_model(request, obj, form, change)
+        if not change:
+            recurring.refresh_next_run(obj)
+            obj.save()
+            return
+        # last_run and next_run belong to the beat (recurring.run_due). Write only what the
+        # operator changed, with the row locked so a tick firing it right now finishes first
+        # (its SKIP LOCKED then passes over us); next_run is recomputed only when the rule changed.
+        fields = [f for f in form.changed_data if f not in self.readonly_fields]
+        if not fields:
+            return
+        with transaction.atomic():
+            RecurringSchedule.objects.select_for_update().filter(pk=obj.pk).first()
+            if {"cron", "timezone", "active"} & set(fields):
+                recurring.refresh_next_run(obj)
+                fields.append("next_run")
+            obj.save(update_fields=[*fields, "updated_at"])
 
 
 @admin.register(ScheduleOccurrence)
 class ScheduleOccurrenceAdmin(admin.ModelAdmin):
+    """The beat's record of what fired: UNIQUE(schedule, occurrence) is what stops two beats
+    creating two campaigns, so the rows are shown, never added, edited or deleted here."""
+
     list_display = ("schedule", "occurrence", "campaign", "created_at")
     list_filter = ("schedule",)
-    readonly_fields = ("schedule", "occurrence", "campaign", "created_at")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+
+# django-celery-beat's own admin saves a whole PeriodicTask row, including total_run_count, which
+# the beat writes on every run. Operators may still enable, disable or reschedule a task; the
+# save writes only the fields they changed.
+admin.site.unregister(PeriodicTask)
+
+
+@admin.register(PeriodicTask)
+class PeriodicTaskAdmin(BeatPeriodicTaskAdmin):
+    def save_model(
+        self, request: HttpRequest, obj: PeriodicTask, form: forms.ModelForm, change: bool
+    ) -> None:
+        fields = [f for f in form.changed_data if f not in self.get_readonly_fields(request, obj)]
+        if "enabled" in fields:
+            fields.append("last_run_at")  # PeriodicTask.save() clears it on disable
+        if not change:
+            obj.save()
+        elif fields:
+            obj.save(update_fields=fields)

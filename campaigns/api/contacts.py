@@ -24,6 +24,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from campaigns.erasure import erase_contacts
 from campaigns.importing import ImportFileError, import_contacts
 from campaigns.models import Contact, ContactList, Suppression
 from campaigns.services import ListInUse, add_list_members, delete_contact_list, remove_list_members
@@ -215,6 +216,20 @@ class ContactDetailView(generics.RetrieveUpdateDestroyAPIView):
 
     def perform_update(self, serializer: serializers.BaseSerializer) -> None:
         _save_contact(serializer)
+
+    @extend_schema(
+        responses={204: None},
+        description=(
+            "Erase the contact: the row is anonymised, never removed (its address becomes "
+            "`erased-<id>@invalid`, name and attributes are cleared, list memberships removed; "
+            "messages sent to it keep their status and timestamps with the placeholder address)."
+        ),
+    )
+    def delete(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().delete(request, *args, **kwargs)
+
+    def perform_destroy(self, instance: Contact) -> None:
+        erase_contacts([instance.pk])
 
 
 class CsvBodyParser(FileUploadParser):
