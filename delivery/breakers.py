@@ -11,7 +11,8 @@ pybreaker's traits, and what we do about each (docs/delivery.md says more):
   window; the others treat the breaker as open.
 Only ProviderUnavailable counts as a failure: a permanent recipient error (550, MessageRejected,
 SendGrid 400) is the recipient's fault, not the provider's. Any success resets the count, so
-`fail_max` means consecutive provider failures across all processes.
+`fail_max` means consecutive provider failures across all processes. ProviderThrottled (the
+provider is up but rate-limiting us) is neither: it leaves the breaker exactly as it was.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import pybreaker
 import redis as redis_lib
 from django.conf import settings
 
-from delivery.exceptions import ProviderUnavailable
+from delivery.exceptions import ProviderThrottled, ProviderUnavailable
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -43,7 +44,20 @@ _RELEASE_TOKEN = (
 
 
 class CircuitOpen(Exception):
-    """The provider's breaker is open (or another process is probing it): skip it."""
+    """The provider's breaker is open (or another process is probing it): skip it.
+
+    `retry_after`: seconds until this provider could be tried again (the probe is due, or the
+    other process's probe has had time to finish).
+    """
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+# While another process probes, the probe normally finishes within a second (one send); after
+# it the circuit is closed or re-opened with a fresh reset timeout.
+PROBE_WAIT_SECONDS = 1.0
 
 
 _redis: redis_lib.Redis | None = None
@@ -143,17 +157,29 @@ def _build(name: str, storage: pybreaker.CircuitBreakerStorage) -> pybreaker.Cir
     )
 
 
-def _probe_due(breaker: pybreaker.CircuitBreaker) -> bool:
+def _seconds_until_probe(breaker: pybreaker.CircuitBreaker) -> float:
     opened_at = breaker._state_storage.opened_at
     if opened_at is None:
-        return True
-    return time.time() >= opened_at.timestamp() + breaker.reset_timeout
+        return 0.0
+    return max(0.0, opened_at.timestamp() + breaker.reset_timeout - time.time())
+
+
+def _probe_due(breaker: pybreaker.CircuitBreaker) -> bool:
+    return _seconds_until_probe(breaker) <= 0
 
 
 def is_open(name: str) -> bool:
     """True while the provider's circuit is open and no probe is due yet (a cheap pre-check)."""
+    return seconds_until_probe(name) > 0
+
+
+def seconds_until_probe(name: str) -> float:
+    """0 when the provider may be called now; else how long until its open circuit lets a probe
+    through (the breaker's remaining reset timeout)."""
     breaker = breaker_for(name)
-    return breaker.current_state == pybreaker.STATE_OPEN and not _probe_due(breaker)
+    if breaker.current_state != pybreaker.STATE_OPEN:
+        return 0.0
+    return _seconds_until_probe(breaker)
 
 
 def guarded_call(name: str, func: Callable[[], T]) -> T:
@@ -166,7 +192,8 @@ def guarded_call(name: str, func: Callable[[], T]) -> T:
     if state == pybreaker.STATE_CLOSED:
         return _call(breaker, func)
     if state == pybreaker.STATE_OPEN and not _probe_due(breaker):
-        raise CircuitOpen(f"{name} circuit is open")
+        wait = _seconds_until_probe(breaker)
+        raise CircuitOpen(f"circuit open, next probe in {wait:.0f} s", wait)
     token_key = f"{NAMESPACE.format(name=name)}:probe"
     token = f"{os.getpid()}:{time.monotonic_ns()}"
     try:
@@ -174,7 +201,7 @@ def guarded_call(name: str, func: Callable[[], T]) -> T:
     except redis_lib.RedisError:
         acquired = True  # fail open, like the breaker itself
     if not acquired:
-        raise CircuitOpen(f"{name} circuit is {state}; another process is probing it")
+        raise CircuitOpen(f"circuit {state}, another process is probing it", PROBE_WAIT_SECONDS)
     try:
         logger.info("probing %s (circuit %s)", name, state)
         return _call(breaker, func)
@@ -187,11 +214,38 @@ def guarded_call(name: str, func: Callable[[], T]) -> T:
 
 
 def _call(breaker: pybreaker.CircuitBreaker, func: Callable[[], T]) -> T:
+    # The provider is called first and its outcome then replayed through the breaker, so that a
+    # ProviderThrottled can bypass it: pybreaker treats any exception it does not count as a
+    # success and resets the failure count (and closes a half-open circuit), but a provider
+    # that says "slow down" has shown neither that it is healthy nor that it is down. The
+    # outcome is replayed through the state the call started in, as `breaker.call` would have
+    # judged it: a call already in flight when another process opened the circuit still counts.
+    with breaker._lock:
+        state = breaker.state
+    failure: BaseException | None = None
+    result: T | None = None
     try:
-        return breaker.call(func)
-    except pybreaker.CircuitBreakerError as exc:
+        result = func()
+    except ProviderThrottled:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - replayed below, unchanged
+        failure = exc
+
+    def replay() -> T:
+        if failure is not None:
+            raise failure
+        return result  # type: ignore[return-value]
+
+    try:
+        with breaker._lock:
+            return state.call(replay)
+    except pybreaker.CircuitBreakerError:
+        if failure is None:
+            # Another process opened the circuit while this call was at the provider, and the
+            # provider took it: what it accepted stays accepted (never re-sent elsewhere).
+            return result  # type: ignore[return-value]
         # pybreaker raises this instead of the original error on the call that trips it.
-        raise ProviderUnavailable(f"{breaker.name}: {exc}") from exc
+        raise ProviderUnavailable(f"{failure} (circuit now open)") from failure
 
 
 def _text(value: bytes | str) -> str:

@@ -2,17 +2,64 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class DeliveryError(Exception):
     """Base of every delivery error."""
 
 
-class ProviderUnavailable(DeliveryError):
-    """The provider as a whole could not take mail (refused connection, timeout, HTTP 5xx/429).
+class ProviderError(DeliveryError):
+    """A provider-wide refusal, carrying what the provider said (django-anymail's habit): the
+    provider's name, its status (HTTP status or SMTP reply code), its response body, and how long
+    it asked us to wait (`Retry-After`), when it said so."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        provider: str = "",
+        status: int | None = None,
+        body: str = "",
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.provider = provider
+        self.status = status
+        self.body = body
+        self.retry_after = retry_after
+
+
+class ProviderUnavailable(ProviderError):
+    """The provider as a whole could not take mail (refused connection, timeout, HTTP 5xx, 401).
 
     Counts as a failure for the provider's circuit breaker and moves the batch to the next
     provider in the chain.
     """
+
+
+class ProviderThrottled(ProviderError):
+    """The provider is rate limiting us (HTTP 429, SES throttling, SMTP 421/451 "try later").
+
+    It is up, so this is not a circuit-breaker failure: the provider is paused for
+    `retry_after` seconds (shared by every worker through Redis) and the batch fails over or
+    waits. `partial` maps our message id → SendResult for what the provider dealt with before
+    it started refusing (accepted mail must never be sent again elsewhere).
+    """
+
+    partial: dict[int, Any]
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        provider: str = "",
+        status: int | None = None,
+        body: str = "",
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message, provider=provider, status=status, body=body, retry_after=retry_after)
+        self.partial = {}
 
 
 class ProviderConfigurationError(DeliveryError):

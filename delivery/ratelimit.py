@@ -97,3 +97,42 @@ def bucket_for(name: str) -> TokenBucket | None:
     if not rate:
         return None
     return TokenBucket(name, rate, reserved_fraction=settings.EMAILHUB_RATE_RESERVED_FRACTION)
+
+
+# A provider that told us to slow down (429 + Retry-After, SES throttling, SMTP "try later") is
+# paused: one key whose TTL is the pause, so every worker of every machine sees it and it ends
+# by itself. The TTL is Redis's clock, like the bucket's. A shorter pause never cuts a longer one.
+PAUSE_KEY = "emailhub:provider:{name}:paused"
+_PAUSE = """
+local ms = tonumber(ARGV[1])
+if redis.call('PTTL', KEYS[1]) < ms then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ms)
+  return ms
+end
+return redis.call('PTTL', KEYS[1])
+"""
+
+
+def pause_provider(name: str, seconds: float | None, reason: str) -> float:
+    """Pause `name` for `seconds` (the provider's Retry-After; None: the default setting).
+
+    Returns the pause in force afterwards, in seconds. Fails open: without Redis the provider is
+    not paused, and its next 429 will say so again.
+    """
+    if seconds is None or seconds <= 0:
+        seconds = settings.EMAILHUB_THROTTLE_DEFAULT_SECONDS
+    seconds = min(seconds, settings.EMAILHUB_THROTTLE_MAX_SECONDS)
+    try:
+        ms = redis_client().eval(_PAUSE, 1, PAUSE_KEY.format(name=name), int(seconds * 1000), reason[:500])
+    except redis_lib.RedisError:
+        return 0.0
+    return int(ms) / 1000
+
+
+def pause_remaining(name: str) -> float:
+    """Seconds left in `name`'s pause; 0 when it is not paused (or Redis cannot say)."""
+    try:
+        ms = redis_client().pttl(PAUSE_KEY.format(name=name))
+    except redis_lib.RedisError:
+        return 0.0
+    return max(int(ms), 0) / 1000

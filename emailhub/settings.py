@@ -177,6 +177,11 @@ EMAILHUB_RATE_LIMITS = {
 EMAILHUB_RATE_RESERVED_FRACTION = env_float("EMAILHUB_RATE_RESERVED_FRACTION", 0.2, minimum=0.0)
 # The longest a bulk batch waits for tokens before it tries the next provider.
 EMAILHUB_RATE_MAX_WAIT_SECONDS = env_float("EMAILHUB_RATE_MAX_WAIT_SECONDS", 30.0, minimum=0.0)
+# A provider that rate-limits us (429, SES throttling, SMTP 421/451 "try later") is paused for
+# the Retry-After it sent, or this long when it sent none; never longer than the cap, so a
+# bogus Retry-After cannot park a provider for a day.
+EMAILHUB_THROTTLE_DEFAULT_SECONDS = env_float("EMAILHUB_THROTTLE_DEFAULT_SECONDS", 60.0, minimum=0.1)
+EMAILHUB_THROTTLE_MAX_SECONDS = env_float("EMAILHUB_THROTTLE_MAX_SECONDS", 3600.0, minimum=0.1)
 
 # --- REST API ---------------------------------------------------------------------------------
 

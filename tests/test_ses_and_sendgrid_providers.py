@@ -87,8 +87,9 @@ def test_ses_refusing_our_sender_is_a_provider_fault_not_a_bad_recipient(ses: SE
         ses_provider(ses).send_batch([unverified])
 
 
-@pytest.mark.parametrize("status", [500, 429])
-def test_ses_server_errors_and_throttling_make_it_unavailable(ses: SESTestServer, status: int) -> None:
+# Throttling (429) is not "unavailable": see tests/test_provider_throttling.py.
+@pytest.mark.parametrize("status", [500, 503])
+def test_ses_server_errors_make_it_unavailable(ses: SESTestServer, status: int) -> None:
     ses.fail_with(status)
     with pytest.raises(ProviderUnavailable, match=f"SES {status}"):
         ses_provider(ses).send_batch([email(1)])
@@ -147,7 +148,7 @@ def test_sendgrid_400_on_one_address_fails_it_and_sends_the_rest(sendgrid_server
     assert sorted(d.to for d in sendgrid_server.delivered) == ["user1@example.com", "user3@example.com"]
 
 
-@pytest.mark.parametrize("status", [500, 429, 503])
+@pytest.mark.parametrize("status", [500, 503])
 def test_sendgrid_server_errors_make_it_unavailable(sendgrid_server: SendGridTestServer, status: int) -> None:
     sendgrid_server.fail_with(status)
     with pytest.raises(ProviderUnavailable, match=f"SendGrid {status}"):

@@ -41,7 +41,10 @@ def _build(name: str) -> Provider:
         from delivery.providers.sendgrid import SendGridProvider
 
         return SendGridProvider(
-            api_key=settings.SENDGRID_API_KEY, host=settings.SENDGRID_HOST, timeout=settings.SENDGRID_TIMEOUT
+            api_key=settings.SENDGRID_API_KEY,
+            host=settings.SENDGRID_HOST,
+            timeout=settings.SENDGRID_TIMEOUT,
+            message_id_domain=settings.EMAILHUB_MESSAGE_ID_DOMAIN,
         )
     if name == "locmem":
         from delivery.providers.locmem import LocmemProvider

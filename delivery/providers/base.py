@@ -3,7 +3,8 @@
 A provider receives a batch of ready-to-send emails and reports, for each one, whether the
 provider accepted it (with the provider's message id), failed transiently (retry, maybe
 elsewhere) or failed permanently (the address is bad: do not retry, suppress). A failure of the
-provider as a whole raises ProviderUnavailable instead, which is what circuit breakers count.
+provider as a whole raises ProviderUnavailable instead, which is what circuit breakers count;
+a provider that rate-limits us raises ProviderThrottled, which pauses it and is not counted.
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 
-from delivery.exceptions import ProviderUnavailable
+from delivery.exceptions import ProviderThrottled, ProviderUnavailable
 
 
 class Outcome(enum.Enum):
@@ -41,6 +44,9 @@ class SendResult:
     # A permanent failure normally suppresses the address; not when the message itself is at
     # fault (it could not be built), since the address may be fine.
     suppress: bool = True
+    # Set when the provider did not try this email at all (rate limited, no quota): it could be
+    # tried in this many seconds, and trying it later costs the message no attempt.
+    retry_after: float | None = None
 
     @classmethod
     def accepted(cls, provider_message_id: str | None) -> SendResult:
@@ -53,6 +59,10 @@ class SendResult:
     @classmethod
     def permanent(cls, error: str) -> SendResult:
         return cls(Outcome.PERMANENT, error=error)
+
+    @classmethod
+    def not_tried(cls, error: str, retry_after: float) -> SendResult:
+        return cls(Outcome.TRANSIENT, error=error, retry_after=retry_after)
 
     @classmethod
     def unbuildable(cls, error: str) -> SendResult:
@@ -78,6 +88,11 @@ class Provider:
                 results.append(self.send_one(email))
             except ValueError as exc:  # raised by delivery.providers.mime for what it cannot encode
                 results.append(SendResult.unbuildable(str(exc)))
+            except ProviderThrottled as exc:
+                # Rate limited part-way: what was accepted stays accepted; the gateway pauses
+                # the provider and reports the rest as not tried.
+                exc.partial = {e.message_id: r for e, r in zip(emails, results, strict=False)}
+                raise
             except ProviderUnavailable as exc:
                 if not results:
                     raise
@@ -93,3 +108,20 @@ class Provider:
 
     def close(self) -> None:  # noqa: B027 - optional hook; most providers hold nothing open
         """Release connections. Called when a worker process shuts down."""
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """A `Retry-After` header (RFC 9110 §10.2.3): delay-seconds or an HTTP-date. None when
+    absent or unreadable (the caller then uses its default pause)."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())

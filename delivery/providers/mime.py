@@ -10,11 +10,16 @@ writes with `email.policy.default` and require zero defects.
 
 from __future__ import annotations
 
+import base64
 import binascii
+import hashlib
+import hmac
 import uuid
 from datetime import UTC, datetime
 from email.header import Header
 from email.utils import format_datetime, formataddr, parseaddr
+
+from django.conf import settings
 
 from delivery.providers.base import OutgoingEmail
 
@@ -41,9 +46,15 @@ def _address_header(name: str, value: str) -> bytes:
     if not address or "@" not in address:
         raise ValueError(f"{name} {value!r} is not an address")
     address = ascii_address(address)
-    # formataddr quotes a plain display name and RFC 2047-encodes a non-ASCII one.
-    formatted = formataddr((display, address), charset="utf-8")
-    if len(formatted) + len(name) + 2 > 998:
+    if display.isascii():
+        # formataddr quotes a display name only where RFC 5322 needs it ("Ann, B"), as given.
+        formatted = formataddr((display, address))
+    else:
+        # RFC 2047 §2: an encoded-word is at most 75 characters, so a long name is several,
+        # folded; formataddr would write one word of any length.
+        encoded = Header(display, "utf-8", maxlinelen=75, header_name=name).encode(linesep="\r\n")
+        formatted = f"{encoded} <{address}>"
+    if max(len(line) for line in f"{name}: {formatted}".split("\r\n")) > 998:
         raise ValueError(f"{name} is longer than an RFC 5322 line allows")
     return f"{name}: {formatted}".encode("ascii")
 
@@ -77,13 +88,22 @@ def ascii_address(address: str) -> str:
     return f"{local}@{domain}"
 
 
-def new_message_id(message_id: int, domain: str) -> str:
-    return f"<{message_id}.{uuid.uuid4().hex}@{domain}>"
+def message_id_for(message_id: int, domain: str) -> str:
+    """The Message-ID header of our message `message_id`: the same on every attempt and through
+    every provider, so a receiver can drop a duplicate (RFC 5322 §3.6.4: one id per message,
+    not per transmission). It is an HMAC of the id under SECRET_KEY, so it reveals neither the
+    id nor how many messages we send, and cannot be forged for another message. 130 bits of the
+    SHA-256 in lower-case base32: unique for all practical purposes, 26 characters."""
+    digest = hmac.new(
+        settings.SECRET_KEY.encode(), f"emailhub.message-id:{message_id}".encode(), hashlib.sha256
+    ).digest()
+    token = base64.b32encode(digest).decode("ascii")[:26].lower()
+    return f"<{token}@{domain}>"
 
 
 def render(email: OutgoingEmail, *, message_id_domain: str) -> tuple[str, bytes]:
     """(Message-ID, the message as CRLF bytes ready for SMTP DATA or SES raw content)."""
-    message_id = new_message_id(email.message_id, message_id_domain)
+    message_id = message_id_for(email.message_id, message_id_domain)
     lines = [
         _header("Message-ID", message_id),
         _header("Date", format_datetime(datetime.now(UTC))),

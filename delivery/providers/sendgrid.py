@@ -19,8 +19,9 @@ from urllib.error import URLError
 import sendgrid
 from python_http_client.exceptions import HTTPError
 
-from delivery.exceptions import ProviderConfigurationError, ProviderUnavailable
-from delivery.providers.base import OutgoingEmail, Provider, SendResult
+from delivery.exceptions import ProviderConfigurationError, ProviderThrottled, ProviderUnavailable
+from delivery.providers.base import OutgoingEmail, Provider, SendResult, parse_retry_after
+from delivery.providers.mime import message_id_for
 
 MAX_PERSONALIZATIONS = 1000
 # https://www.twilio.com/docs/sendgrid/api-reference/mail-send — "The total collective size of
@@ -49,7 +50,10 @@ def _content(text: str, html: str) -> list[dict[str, str]]:
 class SendGridProvider(Provider):
     name = "sendgrid"
 
-    def __init__(self, *, api_key: str, host: str, timeout: float = 10.0) -> None:
+    def __init__(
+        self, *, api_key: str, host: str, timeout: float = 10.0, message_id_domain: str = "emailhub.local"
+    ) -> None:
+        self.message_id_domain = message_id_domain
         if not api_key:
             raise ProviderConfigurationError("SENDGRID_API_KEY is empty; set it to use the sendgrid provider")
         self.api = sendgrid.SendGridAPIClient(api_key=api_key, host=host)
@@ -61,6 +65,9 @@ class SendGridProvider(Provider):
         for group in self._requests(emails):
             try:
                 results.update(self._send_request(group))
+            except ProviderThrottled as exc:
+                exc.partial = dict(results)
+                raise
             except ProviderUnavailable:
                 if not results:
                     raise
@@ -95,6 +102,9 @@ class SendGridProvider(Provider):
                 "to": [_address(email.to)],
                 "subject": email.subject,
                 "custom_args": {"emailhub_id": str(email.message_id)},
+                # The same Message-ID as through SMTP and SES, on every attempt (not a
+                # SendGrid reserved header, so it is sent as given).
+                "headers": {"Message-ID": message_id_for(email.message_id, self.message_id_domain)},
             }
             if not shared:
                 personalization["substitutions"] = {TEXT_TAG: email.text, HTML_TAG: email.html}
@@ -130,10 +140,16 @@ class SendGridProvider(Provider):
         status = int(getattr(exc, "status_code", 0) or 0)
         body = exc.body.decode("utf-8", "replace") if isinstance(exc.body, bytes) else str(exc.body)
         detail = f"SendGrid {status}: {body[:500]}"
+        details = {"provider": self.name, "status": status, "body": body[:2000]}
         if status in (401, 403):
-            raise ProviderUnavailable(f"{detail} (check SENDGRID_API_KEY)") from exc
-        if status == 429 or status >= 500:
-            raise ProviderUnavailable(detail) from exc
+            raise ProviderUnavailable(f"{detail} (check SENDGRID_API_KEY)", **details) from exc
+        if status == 429:
+            # Rate limited, not down: pause for as long as SendGrid asks.
+            headers = getattr(exc, "headers", None)
+            retry_after = parse_retry_after(headers.get("Retry-After") if headers else None)
+            raise ProviderThrottled(detail, retry_after=retry_after, **details) from exc
+        if status >= 500:
+            raise ProviderUnavailable(detail, **details) from exc
         if status == 400:
             bad = _rejected_personalizations(body)
             if bad:

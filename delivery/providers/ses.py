@@ -12,7 +12,7 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from delivery.exceptions import ProviderUnavailable
+from delivery.exceptions import ProviderThrottled, ProviderUnavailable
 from delivery.providers.base import OutgoingEmail, Provider, SendResult
 from delivery.providers.mime import ascii_address, render
 from delivery.providers.smtp import bare_address
@@ -80,8 +80,13 @@ class SESProvider(Provider):
         message = str(error.get("Message", ""))
         status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
         detail = f"SES {status} {code}: {message}"
-        if status >= 500 or code in THROTTLING or code in ACCOUNT_BLOCKED:
-            raise ProviderUnavailable(detail) from exc
+        details = {"provider": self.name, "status": status, "body": f"{code}: {message}"}
+        if code in THROTTLING or status == 429:
+            # Over the account's send rate: SES is up and says "slow down". It sends no
+            # Retry-After, so the pause is EMAILHUB_THROTTLE_DEFAULT_SECONDS.
+            raise ProviderThrottled(detail, **details) from exc
+        if status >= 500 or code in ACCOUNT_BLOCKED:
+            raise ProviderUnavailable(detail, **details) from exc
         if code in BAD_RECIPIENT:
             # SES also answers MessageRejected when *our sender* is not verified. That is a
             # configuration fault, not a bad recipient: fail over, never suppress the recipient.

@@ -8,17 +8,26 @@ unavailable for the rest of the batch.
 from __future__ import annotations
 
 import logging
+import re
 import smtplib
 import socket
 from email.utils import parseaddr
 
-from delivery.exceptions import ProviderUnavailable
+from delivery.exceptions import ProviderThrottled, ProviderUnavailable
 from delivery.providers.base import Outcome, OutgoingEmail, Provider, SendResult
 from delivery.providers.mime import ascii_address, render
 
 logger = logging.getLogger(__name__)
 
 _CONNECTION_ERRORS = (smtplib.SMTPServerDisconnected, ConnectionError, socket.timeout, OSError)
+# A temporary refusal that says we are sending too fast ("451 4.7.0 Too many messages, slow
+# down", SES's SMTP "454 Throttling failure: Maximum sending rate exceeded", or a 421 — the
+# server closing the channel — that tells us to "try again later"). That is the relay rate
+# limiting the account, not a recipient's problem and not the relay being down: the provider
+# is paused. A bare "451 4.3.0 try again later" names no rate and may concern one mailbox, so
+# it stays a transient failure of that recipient.
+_RATE_TEXT = re.compile(r"\brate\b|too many|throttl|slow down|exceeded", re.IGNORECASE)
+_LATER_TEXT = re.compile(r"try (again )?later", re.IGNORECASE)
 
 
 class SMTPProvider(Provider):
@@ -54,6 +63,10 @@ class SMTPProvider(Provider):
                     connection.login(self.username, self.password)
             except smtplib.SMTPAuthenticationError as exc:
                 raise ProviderUnavailable(f"SMTP login refused by {self.host}:{self.port}: {exc}") from exc
+            except smtplib.SMTPResponseException as exc:
+                # A greeting of "421 too many connections, try later" is a rate limit too.
+                _raise_if_throttled(exc)
+                raise ProviderUnavailable(f"cannot connect to SMTP {self.host}:{self.port}: {exc}") from exc
             except (*_CONNECTION_ERRORS, smtplib.SMTPException) as exc:
                 raise ProviderUnavailable(f"cannot connect to SMTP {self.host}:{self.port}: {exc}") from exc
             self._connection = connection
@@ -98,9 +111,11 @@ class SMTPProvider(Provider):
                     # 421: the server is closing the channel (RFC 5321 §3.8), whatever command
                     # it answered. That is the server going away, not a bad recipient.
                     self._drop()
+                    _raise_if_throttled(exc)  # ... unless it says we are going too fast
                     if attempt == 1:
                         continue
                     raise ProviderUnavailable(f"SMTP {exc.smtp_code}: {_decode(exc.smtp_error)}") from exc
+                _raise_if_throttled(exc)
                 if stage == "sender" and exc.smtp_code >= 500:
                     # Refused at MAIL FROM (530 auth required, 553 sender not allowed): our
                     # account or sender is wrong for every message. Not the recipients' fault.
@@ -124,6 +139,15 @@ class SMTPProvider(Provider):
                 return _result_for_code(code, reply, "recipient refused")
             return SendResult.accepted(message_id.strip("<>"))
         raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _raise_if_throttled(exc: smtplib.SMTPResponseException) -> None:
+    reply = _decode(exc.smtp_error)
+    code = exc.smtp_code
+    if (code in (421, 451, 454) and _RATE_TEXT.search(reply)) or (code == 421 and _LATER_TEXT.search(reply)):
+        raise ProviderThrottled(
+            f"SMTP {exc.smtp_code}: {reply}", provider="smtp", status=exc.smtp_code, body=reply
+        ) from exc
 
 
 def bare_address(address: str) -> str:

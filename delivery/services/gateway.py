@@ -1,4 +1,4 @@
-"""Send a batch through one named provider: its rate limit first, then its circuit breaker."""
+"""Send a batch through one named provider: its pause and rate limit first, then its breaker."""
 
 from __future__ import annotations
 
@@ -8,30 +8,46 @@ from collections.abc import Sequence
 import redis as redis_lib
 from django.conf import settings
 
-from delivery.breakers import CircuitOpen, guarded_call, is_open
+from delivery.breakers import CircuitOpen, guarded_call, seconds_until_probe
+from delivery.exceptions import ProviderThrottled
 from delivery.providers import OutgoingEmail, SendResult, get_provider
-from delivery.ratelimit import bucket_for
+from delivery.ratelimit import bucket_for, pause_provider, pause_remaining
 
 logger = logging.getLogger(__name__)
 
 
 class ProviderSkipped(Exception):
-    """The provider was not tried (open circuit, no send quota left): use the next one."""
+    """The provider did not try the batch (open circuit, paused after a 429, no send quota left):
+    use the next one. `retry_after` is how long until it could be tried again; a message that
+    every provider skipped waits that long and keeps its attempt (nothing was tried)."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 # Critical and high may wait this long for a token before failing over; bulk waits longer.
 TRANSACTIONAL_MAX_WAIT_SECONDS = 1.0
+# A bucket holds one second of quota, so a batch that got no token can be tried a second later.
+QUOTA_WAIT_SECONDS = 1.0
 
 
 def send_via(name: str, emails: Sequence[OutgoingEmail], *, transactional: bool) -> list[SendResult]:
-    """One result per email. Raises ProviderSkipped, or ProviderUnavailable (counted by the breaker)."""
+    """One result per email. Raises ProviderSkipped, or ProviderUnavailable (counted by the breaker).
+
+    Error texts do not repeat the provider's name: the caller prefixes it.
+    """
+    paused = pause_remaining(name)
+    if paused > 0:
+        raise ProviderSkipped(f"paused for {paused:.0f} s (the provider asked us to slow down)", paused)
     bucket = bucket_for(name)
     allowed = len(emails)
     if bucket is not None:
         # Checked before taking tokens, so a provider that is skipped anyway costs no quota.
         # (Without a bucket guarded_call's own check suffices: one Redis round trip less.)
-        if is_open(name):
-            raise ProviderSkipped(f"{name}: circuit open")
+        wait = seconds_until_probe(name)
+        if wait > 0:
+            raise ProviderSkipped(f"circuit open, next probe in {wait:.0f} s", wait)
         max_wait = (
             TRANSACTIONAL_MAX_WAIT_SECONDS if transactional else settings.EMAILHUB_RATE_MAX_WAIT_SECONDS
         )
@@ -43,11 +59,20 @@ def send_via(name: str, emails: Sequence[OutgoingEmail], *, transactional: bool)
             logger.warning("rate limit for %s unavailable (%s); sending unmetered", name, exc)
             allowed = len(emails)
         if allowed == 0:
-            raise ProviderSkipped(f"{name}: send-rate quota used up")
+            raise ProviderSkipped("send-rate quota used up", QUOTA_WAIT_SECONDS)
     batch, later = list(emails[:allowed]), list(emails[allowed:])
     provider = get_provider(name)
     try:
         results = guarded_call(name, lambda: provider.send_batch(batch))
     except CircuitOpen as exc:
-        raise ProviderSkipped(str(exc)) from exc
-    return results + [SendResult.transient(f"{name}: send-rate quota used up") for _ in later]
+        raise ProviderSkipped(str(exc), exc.retry_after) from exc
+    except ProviderThrottled as exc:
+        paused = pause_provider(name, exc.retry_after, str(exc))
+        logger.warning("%s is rate limiting us (%s); paused for %.0f s", name, exc, paused)
+        wait = paused or settings.EMAILHUB_THROTTLE_DEFAULT_SECONDS
+        error = f"rate limited ({exc}); paused for {wait:.0f} s"
+        if not exc.partial:
+            raise ProviderSkipped(error, wait) from exc
+        # It took part of the batch before refusing: those stay sent; the rest was not tried.
+        results = [exc.partial.get(e.message_id) or SendResult.not_tried(error, wait) for e in batch]
+    return results + [SendResult.not_tried("send-rate quota used up", QUOTA_WAIT_SECONDS) for _ in later]

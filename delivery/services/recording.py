@@ -32,6 +32,9 @@ class Outcomes:
     failed: list[tuple[int, str]] = field(default_factory=list)
     suppressed: list[tuple[int, str]] = field(default_factory=list)
     retry: list[tuple[int, datetime, str]] = field(default_factory=list)
+    # Like retry, but no provider was tried (every circuit open or paused): the claim's attempt
+    # is given back, so an outage of any length burns no attempts.
+    deferred: list[tuple[int, datetime, str]] = field(default_factory=list)
     # Addresses to put on the suppression list: (email, detail).
     bounced: list[tuple[str, str]] = field(default_factory=list)
 
@@ -68,23 +71,28 @@ def record(outcomes: Outcomes) -> None:
                     [status, list(ids), list(errors)],
                 )
                 _count(moved, cursor.fetchall(), status)
-        if outcomes.retry:
-            ids, due, errors = zip(*outcomes.retry, strict=True)
+        retried = []
+        for rows, given_back in ((outcomes.retry, 0), (outcomes.deferred, 1)):
+            if not rows:
+                continue
+            ids, due, errors = zip(*rows, strict=True)
             # A campaign cancelled while this batch was in flight gets no retry: the message is
             # cancelled (and counted) instead of waiting for a retry no one would ever claim.
             cursor.execute(
                 """
                 UPDATE delivery_message AS m
                    SET status = CASE WHEN c.status = 'cancelled' THEN 'cancelled' ELSE 'retry_wait' END,
-                       due_at = v.due_at, last_error = v.error
+                       due_at = v.due_at, last_error = v.error,
+                       attempts = GREATEST(m.attempts - %s, 0)
                   FROM unnest(%s::bigint[], %s::timestamptz[], %s::text[]) AS v(id, due_at, error)
                   LEFT JOIN campaigns_campaign AS c ON c.id = (SELECT campaign_id FROM delivery_message WHERE id = v.id)
                  WHERE m.id = v.id AND m.status = 'sending'
                 RETURNING m.id, m.campaign_id, m.status, m.due_at
                 """,
-                [list(ids), list(due), list(errors)],
+                [given_back, list(ids), list(due), list(errors)],
             )
-            retried = cursor.fetchall()
+            retried += cursor.fetchall()
+        if retried:
             _count(moved, [(c,) for _, c, status, _ in retried if status == "cancelled"], "cancelled")
             from scheduling.schedule import index_after_commit, message_unit
 

@@ -116,17 +116,32 @@ def send_messages(message_ids: Sequence[int]) -> BatchReport:
     pending, unbuildable = _render(claimed)
     outcomes.failed += unbuildable
     last_error: dict[int, str] = {}
+    # Messages some provider really tried (it was called with them). The others were only ever
+    # skipped (open circuit, paused, no quota) and wait for the soonest of these moments
+    # without spending an attempt.
+    tried: set[int] = set()
+    ready_in: dict[int, float] = {}
+
+    def skipped(email: OutgoingEmail, provider_name: str, error: str, retry_after: float) -> None:
+        last_error[email.message_id] = f"{provider_name}: {error}"
+        ready_in[email.message_id] = min(ready_in.get(email.message_id, retry_after), retry_after)
 
     for provider_name in provider_chain(pool):
         if not pending:
             break
         try:
             results = send_via(provider_name, pending, transactional=pool == TRANSACTIONAL)
-        except (ProviderSkipped, ProviderUnavailable) as exc:
-            # Fail over: the whole batch moves to the next provider in the chain.
+        except ProviderSkipped as exc:
             logger.warning("provider %s skipped for %d message(s): %s", provider_name, len(pending), exc)
             for email in pending:
+                skipped(email, provider_name, str(exc), exc.retry_after)
+            continue
+        except ProviderUnavailable as exc:
+            # Fail over: the whole batch moves to the next provider in the chain.
+            logger.warning("provider %s unavailable for %d message(s): %s", provider_name, len(pending), exc)
+            for email in pending:
                 last_error[email.message_id] = f"{provider_name}: {exc}"
+                tried.add(email.message_id)
             continue
         except Exception as exc:  # noqa: BLE001 - a bug must not strand the claimed batch
             # Whatever went wrong, this batch's rows are claimed: record what is known (the
@@ -134,6 +149,7 @@ def send_messages(message_ids: Sequence[int]) -> BatchReport:
             logger.exception("provider %s failed unexpectedly for %d message(s)", provider_name, len(pending))
             for email in pending:
                 last_error[email.message_id] = f"{provider_name}: unexpected error: {exc!r}"
+                tried.add(email.message_id)
             continue
         still_pending: list[OutgoingEmail] = []
         for email, result in zip(pending, results, strict=True):
@@ -144,16 +160,25 @@ def send_messages(message_ids: Sequence[int]) -> BatchReport:
                 if result.suppress:
                     outcomes.bounced.append((email.to, result.error))
             else:
-                last_error[email.message_id] = f"{provider_name}: {result.error}"
+                if result.retry_after is not None:
+                    skipped(email, provider_name, result.error, result.retry_after)
+                else:
+                    last_error[email.message_id] = f"{provider_name}: {result.error}"
+                    tried.add(email.message_id)
                 still_pending.append(email)
         pending = still_pending
 
-    _plan_retries([by_id[e.message_id] for e in pending], last_error, outcomes)
+    never_tried = [e for e in pending if e.message_id not in tried and e.message_id in ready_in]
+    _plan_deferrals(never_tried, ready_in, last_error, outcomes)
+    never_tried_ids = {e.message_id for e in never_tried}
+    _plan_retries(
+        [by_id[e.message_id] for e in pending if e.message_id not in never_tried_ids], last_error, outcomes
+    )
     record(outcomes)
     report.sent = sum(len(sent) for sent in outcomes.sent.values())
     report.failed = len(outcomes.failed)
     report.suppressed = len(outcomes.suppressed)
-    report.retrying = len(outcomes.retry)
+    report.retrying = len(outcomes.retry) + len(outcomes.deferred)
     return report
 
 
@@ -219,6 +244,29 @@ def retry_delay(attempt: int) -> timedelta:
         settings.EMAILHUB_RETRY_BASE_SECONDS * (2 ** max(attempt - 1, 0)),
     )
     return timedelta(seconds=random.uniform(ceiling / 2, ceiling))
+
+
+# A message deferred because no provider could be tried waits until the soonest one could be,
+# plus a little jitter (a tenth of the wait, at least half a second, at most 30 s) so a backlog
+# deferred together does not arrive together when the circuit's probe is due: one probes, the
+# others find the probe taken and wait another second, and no burst hits a provider just back.
+_DEFER_MIN_JITTER = 0.5
+_DEFER_MAX_JITTER = 30.0
+
+
+def _plan_deferrals(
+    emails: list[OutgoingEmail], ready_in: dict[int, float], errors: dict[int, str], outcomes: Outcomes
+) -> None:
+    """Every provider skipped these (circuit open, paused, no quota): nothing was tried, so they
+    wait in retry_wait for the earliest moment one could be tried, and keep their attempt."""
+    now = timezone.now()
+    for email in emails:
+        wait = ready_in[email.message_id]
+        jitter = random.uniform(0, min(max(wait * 0.1, _DEFER_MIN_JITTER), _DEFER_MAX_JITTER))
+        due = now + timedelta(seconds=wait + jitter)
+        outcomes.deferred.append(
+            (email.message_id, due, errors.get(email.message_id, "no provider could be tried"))
+        )
 
 
 def _plan_retries(messages: list[ClaimedMessage], errors: dict[int, str], outcomes: Outcomes) -> None:

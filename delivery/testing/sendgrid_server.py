@@ -3,7 +3,7 @@
 It checks requests the way SendGrid does (bearer key, 1–1000 personalizations, a valid address
 in each `to`, a sender, a subject, text/plain before text/html), answers 202 with an
 `X-Message-Id`, and records each delivered recipient with substitutions applied. It can be told
-to answer 500/429/503 to everything, or to reject particular addresses with a 400 that names the
+to answer 500/429 (with a `Retry-After`)/503 to everything, or to reject particular addresses with a 400 that names the
 personalization, as SendGrid does.
 """
 
@@ -30,6 +30,7 @@ class Delivered:
     html: str
     custom_args: dict[str, str]
     message_id: str
+    headers: dict[str, str]  # the request's headers overlaid with the personalization's
 
 
 class _State:
@@ -39,6 +40,7 @@ class _State:
         self.requests: list[dict[str, Any]] = []
         self.delivered: list[Delivered] = []
         self.fail_status: int | None = None
+        self.fail_headers: dict[str, str] = {}
         self.rejected: set[str] = set()
         self.refused_count = 0
 
@@ -130,11 +132,13 @@ class _Handler(BaseHTTPRequestHandler):
                 },
             )
         with state.lock:
-            fail_status, rejected = state.fail_status, set(state.rejected)
+            fail_status, fail_headers, rejected = state.fail_status, state.fail_headers, set(state.rejected)
         if fail_status is not None:
             with state.lock:
                 state.refused_count += 1
-            return self._reply(fail_status, {"errors": [{"message": "injected failure", "field": None}]})
+            return self._reply(
+                fail_status, {"errors": [{"message": "injected failure", "field": None}]}, fail_headers
+            )
         try:
             body = json.loads(raw)
         except ValueError:
@@ -162,6 +166,7 @@ class _Handler(BaseHTTPRequestHandler):
                         html=fill(parts.get("text/html", "")),
                         custom_args=dict(personalization.get("custom_args") or {}),
                         message_id=message_id,
+                        headers={**(body.get("headers") or {}), **(personalization.get("headers") or {})},
                     )
                 )
         with state.lock:
@@ -201,10 +206,11 @@ class SendGridTestServer(BackgroundHTTPServer):
         with self.state.lock:
             return self.state.refused_count
 
-    def fail_with(self, status: int | None) -> None:
-        """Answer every request with this status (None: behave)."""
+    def fail_with(self, status: int | None, retry_after: str | None = None) -> None:
+        """Answer every request with this status (None: behave), e.g. 429 with `Retry-After: 45`."""
         with self.state.lock:
             self.state.fail_status = status
+            self.state.fail_headers = {"Retry-After": retry_after} if retry_after is not None else {}
 
     def reject(self, *addresses: str) -> None:
         with self.state.lock:
@@ -215,5 +221,6 @@ class SendGridTestServer(BackgroundHTTPServer):
             self.state.requests.clear()
             self.state.delivered.clear()
             self.state.fail_status = None
+            self.state.fail_headers = {}
             self.state.rejected.clear()
             self.state.refused_count = 0
