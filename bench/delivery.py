@@ -571,7 +571,8 @@ def setup() -> tuple[dict[str, str], str]:
     env = prepare(BENCH_DB, REDIS_URL)
     from delivery.authentication import create_api_key
 
-    return env, create_api_key(f"bench-delivery-{time.time_ns()}")[1]
+    # Sends, reads its messages and watches /api/v1/providers (a `manage` endpoint).
+    return env, create_api_key(f"bench-delivery-{time.time_ns()}", ["send", "read", "manage"])[1]
 
 
 def comma_list(allowed: tuple[str, ...]) -> Callable[[str], list[str]]:

@@ -375,7 +375,8 @@ def main() -> int:
         console.print(f"  [green]✓[/] local SES (moto)       {ses.endpoint_url}")
         console.print(f"  [green]✓[/] local SendGrid         {sendgrid.url}")
         start_processes(stack, sink_port, web_port)
-        _, key = create_api_key(f"demo-{int(time.time() * 1000)}")
+        # The demo drives every endpoint: contacts, campaigns, schedules as well as messages.
+        _, key = create_api_key(f"demo-{int(time.time() * 1000)}", ["send", "read", "manage"])
         base_url = f"http://127.0.0.1:{web_port}"
         columns = (
             TextColumn("{task.description:<22}"),
