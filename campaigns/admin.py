@@ -9,6 +9,7 @@ from django.http import HttpRequest
 from django.utils.html import format_html
 
 from campaigns import lifecycle
+from campaigns.api.validators import STORABLE_JSON_FORMFIELDS
 from campaigns.erasure import erase_contacts, placeholder_for
 from campaigns.exceptions import CampaignStateError
 from campaigns.models import Campaign, Contact, ContactList, ListMembership, Suppression, Template
@@ -18,6 +19,7 @@ from campaigns.templating import TemplateSyntaxError
 
 @admin.register(Contact)
 class ContactAdmin(admin.ModelAdmin):
+    formfield_overrides = STORABLE_JSON_FORMFIELDS  # NUL in attributes: a form error, not a 500
     """Delete anonymises (campaigns.erasure): the record that mail was sent to a contact stays.
 
     `status` is written by bounces, complaints and unsubscribes, so the form shows it and never
@@ -90,6 +92,7 @@ class SuppressionAdmin(admin.ModelAdmin):
 
 @admin.register(Template)
 class TemplateAdmin(admin.ModelAdmin):
+    formfield_overrides = STORABLE_JSON_FORMFIELDS  # NUL in defaults: a form error, not a 500
     list_display = ("name", "subject", "updated_at")
     search_fields = ("name", "subject")
     readonly_fields = ("preview", "created_at", "updated_at")

@@ -7,13 +7,13 @@ recorded in the outbox in the same transaction and published after commit.
 
 from __future__ import annotations
 
-from datetime import date, datetime, time, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from campaigns.exceptions import CampaignStateError
+from campaigns.exceptions import CampaignStateError, InvalidSchedule
 from campaigns.models import Campaign
 from delivery.services import outbox
 
@@ -24,6 +24,43 @@ SUPPORTED_SCHEDULES = {
     Campaign.ScheduleType.AT,
     Campaign.ScheduleType.LOCAL_TIME,
 }
+
+
+# An `at` instant this far in the past still means "now": a client's clock or a slow request,
+# not a mistaken date. Further back it is refused, so a typo (2020 for 2030) cannot start a
+# campaign to the whole list at once.
+PAST_SCHEDULE_GRACE = timedelta(minutes=5)
+# The latest local time on Earth is UTC-12 (Etc/GMT+12); when a wall time has passed there, it
+# has passed in every timezone a contact can have.
+_LATEST_UTC_OFFSET = timedelta(hours=-12)
+
+
+def check_schedule_time(
+    schedule_type: str,
+    scheduled_at: datetime | None,
+    local_date: date | None,
+    local_time: time | None,
+    *,
+    now: datetime | None = None,
+) -> None:
+    """Refuse a schedule whose moment is over: `at` before now minus PAST_SCHEDULE_GRACE, or a
+    `local_time` whose wall time has passed in every timezone (past_time_policy is for the
+    recipients for whom it has passed, not for a date that is over everywhere)."""
+    now = now or timezone.now()
+    if schedule_type == Campaign.ScheduleType.AT and scheduled_at is not None:
+        if scheduled_at < now - PAST_SCHEDULE_GRACE:
+            raise InvalidSchedule(
+                "scheduled_at",
+                f"{scheduled_at.isoformat()} is in the past; give a future instant, or type 'immediate'",
+            )
+    if schedule_type == Campaign.ScheduleType.LOCAL_TIME and local_date and local_time:
+        latest = datetime.combine(local_date, local_time, tzinfo=UTC) - _LATEST_UTC_OFFSET
+        if latest <= now:
+            raise InvalidSchedule(
+                "local_date",
+                f"{local_date.isoformat()} {local_time.isoformat()} has passed in every timezone "
+                "(the latest, UTC-12, included); give a later date",
+            )
 
 
 def _locked(campaign_id: int, *, stop_fan_out: bool = False) -> Campaign:
@@ -45,7 +82,8 @@ def schedule(
 ) -> Campaign:
     """Schedule a draft.
 
-    `immediate` starts now; `at` starts at `scheduled_at` (a past instant: now); `local_time`
+    `immediate` starts now; `at` starts at `scheduled_at` (up to PAST_SCHEDULE_GRACE in the
+    past: now; earlier: InvalidSchedule); `local_time`
     fans out now into messages each due at `local_time` on `local_date` in its contact's
     timezone (scheduling.localtime has the DST rules; `past_time_policy` says what happens to
     recipients for whom that moment has passed).
@@ -58,6 +96,7 @@ def schedule(
         raise CampaignStateError("schedule type 'at' needs scheduled_at")
     if schedule_type == Campaign.ScheduleType.LOCAL_TIME and (local_date is None or local_time is None):
         raise CampaignStateError("schedule type 'local_time' needs local_date and local_time")
+    check_schedule_time(schedule_type, scheduled_at, local_date, local_time)
     with transaction.atomic():
         campaign = _locked(campaign_id)
         if campaign.status != Status.DRAFT:

@@ -36,6 +36,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First, so it also turns the pages the other middleware produce into JSON on /api/.
+    "emailhub.api_errors.ApiErrorMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -185,11 +187,20 @@ EMAILHUB_THROTTLE_MAX_SECONDS = env_float("EMAILHUB_THROTTLE_MAX_SECONDS", 3600.
 
 # --- REST API ---------------------------------------------------------------------------------
 
+# The largest JSON body the API reads (a 1,000-message batch with bodies fits); larger is a 413.
+# CSV uploads are files and not counted. Django's own limit for form data follows it.
+EMAILHUB_API_MAX_BODY_BYTES = env_int("EMAILHUB_API_MAX_BODY_BYTES", 10 * 1024 * 1024, minimum=1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = EMAILHUB_API_MAX_BODY_BYTES
+# Deepest nesting of arrays/objects in a JSON body; deeper is a 400. No field needs more than a
+# few levels, and Python's json recursion fails near 1,000.
+EMAILHUB_API_MAX_JSON_DEPTH = env_int("EMAILHUB_API_MAX_JSON_DEPTH", 32, minimum=2)
+
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["delivery.authentication.ApiKeyAuthentication"],
     # A valid key holding the view's scope for the method; `manage` unless the view says otherwise.
     "DEFAULT_PERMISSION_CLASSES": ["delivery.permissions.ApiKeyScopes"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["emailhub.api_json.JSONParser"],
+    "EXCEPTION_HANDLER": "emailhub.api_errors.exception_handler",
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_PAGINATION_CLASS": "campaigns.api.pagination.IdCursorPagination",
@@ -199,6 +210,10 @@ SPECTACULAR_SETTINGS = {
     "TITLE": "emailhub API",
     "VERSION": "1.0.0",
     "DESCRIPTION": "Transactional and campaign email with priorities, scheduling and failover.",
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "emailhub.api_errors.add_error_responses",  # every error in the one documented shape
+    ],
 }
 
 LOGGING = {

@@ -27,14 +27,14 @@ def test_template_with_a_bad_placeholder_is_refused_naming_the_field(api: APICli
         {"name": "t", "subject": "ok", "html": "<p>{{ user.__class__ }}</p>"},
         format="json",
     )
-    assert response.status_code == 400 and "html" in response.json()
-    assert "line 1" in response.json()["html"][0]
+    assert response.status_code == 400 and "html" in response.json()["error"]["fields"]
+    assert "line 1" in response.json()["error"]["fields"]["html"][0]
     assert not Template.objects.exists()
 
 
 def test_template_subject_with_a_line_break_is_refused(api: APIClient) -> None:
     response = api.post("/api/v1/templates", {"name": "t", "subject": "a\nBcc: x"}, format="json")
-    assert response.status_code == 400 and "subject" in response.json()
+    assert response.status_code == 400 and "subject" in response.json()["error"]["fields"]
 
 
 def test_template_preview_renders_for_a_contact_and_a_context(api: APIClient, template: Template) -> None:
@@ -92,14 +92,14 @@ def test_bad_schedule_is_a_400_and_changes_nothing(
 ) -> None:
     campaign_id = create(api, template).json()["id"]
     response = api.post(f"/api/v1/campaigns/{campaign_id}/schedule", body, format="json")
-    assert response.status_code == 400 and field in response.json()
+    assert response.status_code == 400 and field in response.json()["error"]["fields"]
     assert Campaign.objects.get(pk=campaign_id).status == "draft"
 
 
 def test_actions_from_the_wrong_state_are_409_and_unknown_ids_404(api: APIClient, template: Template) -> None:
     campaign_id = create(api, template).json()["id"]
     response = api.post(f"/api/v1/campaigns/{campaign_id}/pause", format="json")
-    assert response.status_code == 409 and "draft" in response.json()["detail"]
+    assert response.status_code == 409 and "draft" in response.json()["error"]["message"]
     assert api.post("/api/v1/campaigns/999999/cancel", format="json").status_code == 404
     assert api.post(f"/api/v1/campaigns/{campaign_id}/cancel", format="json").json()["status"] == "cancelled"
     assert api.patch(f"/api/v1/campaigns/{campaign_id}", {"name": "x"}, format="json").status_code == 409
@@ -116,7 +116,7 @@ def test_actions_from_the_wrong_state_are_409_and_unknown_ids_404(api: APIClient
 )
 def test_bad_campaign_fields_are_a_400(api: APIClient, template: Template, fields: dict, field: str) -> None:
     response = create(api, template, **fields)
-    assert response.status_code == 400 and field in response.json()
+    assert response.status_code == 400 and field in response.json()["error"]["fields"]
     assert not Campaign.objects.exists()
 
 
@@ -146,7 +146,7 @@ def test_template_preview_with_bad_input_is_a_400(api: APIClient, template: Temp
 
 def test_campaign_from_must_be_a_valid_sender(api: APIClient, template: Template) -> None:
     response = create(api, template, from_email="not an address")
-    assert response.status_code == 400 and "from_email" in response.json()
+    assert response.status_code == 400 and "from_email" in response.json()["error"]["fields"]
 
 
 @pytest.mark.django_db(transaction=True)

@@ -325,7 +325,7 @@ def test_api_upload_without_email_column_is_a_400_and_writes_nothing(api: APICli
     upload = SimpleUploadedFile("c.csv", b"name,timezone\nAnn,UTC\n", content_type="text/csv")
     response = api.post("/api/v1/contacts/import", {"file": upload, "list": "new"}, format="multipart")
     assert response.status_code == 400
-    assert "no email column" in response.json()["file"][0]
+    assert "no email column" in response.json()["error"]["fields"]["file"][0]
     assert Contact.objects.count() == 0 and ContactList.objects.count() == 0
 
 
@@ -348,7 +348,7 @@ def test_api_import_without_a_file_or_with_a_bad_list_name_is_a_400(
     api: APIClient, send: Callable[[APIClient], object], field: str
 ) -> None:
     response = send(api)
-    assert response.status_code == 400 and field in response.json(), response.json()
+    assert response.status_code == 400 and field in response.json()["error"]["fields"], response.json()
     assert Contact.objects.count() == 0
 
 
@@ -395,7 +395,7 @@ def test_bad_contact_is_a_400_naming_the_field_and_writes_nothing(
 ) -> None:
     Contact.objects.create(email="ann@example.com")
     response = api.post("/api/v1/contacts", body, format="json")
-    assert response.status_code == 400 and field in response.json(), response.json()
+    assert response.status_code == 400 and field in response.json()["error"]["fields"], response.json()
     assert Contact.objects.count() == 1
 
 
@@ -423,7 +423,7 @@ def test_contacts_are_listed_newest_first_by_cursor_and_filtered(api: APIClient)
 @pytest.mark.parametrize(("params", "field"), [({"list": "news"}, "list"), ({"status": "asleep"}, "status")])
 def test_bad_contact_filter_is_a_400_naming_it(api: APIClient, params: dict, field: str) -> None:
     response = api.get("/api/v1/contacts", params)
-    assert response.status_code == 400 and field in response.json()
+    assert response.status_code == 400 and field in response.json()["error"]["fields"]
 
 
 def test_contact_is_read_patched_and_deleted_with_its_memberships(api: APIClient) -> None:
@@ -439,7 +439,7 @@ def test_contact_is_read_patched_and_deleted_with_its_memberships(api: APIClient
     contact.refresh_from_db()
     assert (contact.name, contact.timezone, contact.status) == ("Ann", "Europe/Paris", "unsubscribed")
     assert contact.attributes == {"plan": "gold"}
-    assert api.patch(url, {"email": "BOB@example.com"}, format="json").json().keys() == {"email"}
+    assert api.patch(url, {"email": "BOB@example.com"}, format="json").json()["error"]["fields"].keys() == {"email"}
     assert api.patch(url, {"email": "ANN@example.com"}, format="json").status_code == 200  # its own
     assert api.put(url, {"email": "x@example.com"}, format="json").status_code == 405
     assert api.delete(url).status_code == 204
@@ -455,8 +455,8 @@ def test_list_is_created_with_a_unique_name_and_shows_its_member_count(api: APIC
     assert created.status_code == 201 and created.json()["member_count"] == 0
     list_id = created.json()["id"]
     duplicate = api.post("/api/v1/lists", {"name": "news"}, format="json")
-    assert duplicate.status_code == 400 and "name" in duplicate.json()
-    assert api.post("/api/v1/lists", {"name": ""}, format="json").json().keys() == {"name"}
+    assert duplicate.status_code == 400 and "name" in duplicate.json()["error"]["fields"]
+    assert api.post("/api/v1/lists", {"name": ""}, format="json").json()["error"]["fields"].keys() == {"name"}
     ids = [Contact.objects.create(email=f"c{i}@example.com").pk for i in range(3)]
     added = api.post(f"/api/v1/lists/{list_id}/members", {"contact_ids": ids + ids[:1]}, format="json")
     assert added.json() == {"added": 3, "member_count": 3}
@@ -478,7 +478,7 @@ def test_adding_unknown_contact_ids_is_a_400_and_adds_nothing(api: APIClient) ->
     known = Contact.objects.create(email="a@example.com").pk
     for body in ({"contact_ids": [known, 999_999]}, {"contact_ids": []}, {"contact_ids": ["x"]}, {}):
         response = api.post(f"/api/v1/lists/{news.pk}/members", body, format="json")
-        assert response.status_code == 400 and "contact_ids" in response.json(), body
+        assert response.status_code == 400 and "contact_ids" in response.json()["error"]["fields"], body
     assert ListMembership.objects.count() == 0
 
 
@@ -488,7 +488,8 @@ def test_list_used_by_a_campaign_cannot_be_deleted_until_the_campaign_is_gone(ap
     campaign = Campaign.objects.create(name="Spring", template=template, contact_list=news)
     response = api.delete(f"/api/v1/lists/{news.pk}")
     assert response.status_code == 409
-    assert "Spring" in response.json()["detail"] and "point them at another list" in response.json()["detail"]
+    message = response.json()["error"]["message"]
+    assert "Spring" in message and "point them at another list" in message
     assert ContactList.objects.filter(pk=news.pk).exists()
     campaign.delete()
     ListMembership.objects.create(contact_list=news, contact=Contact.objects.create(email="a@example.com"))
@@ -531,7 +532,7 @@ def test_suppression_is_added_listed_filtered_and_deleted(api: APIClient) -> Non
 def test_bad_suppression_is_a_400_naming_the_field(api: APIClient, body: dict, field: str) -> None:
     Suppression.objects.create(email="bob@example.com", reason="bounced")
     response = api.post("/api/v1/suppressions", body, format="json")
-    assert response.status_code == 400 and field in response.json(), response.json()
+    assert response.status_code == 400 and field in response.json()["error"]["fields"], response.json()
     assert Suppression.objects.count() == 1
 
 

@@ -51,7 +51,7 @@ def test_bad_input_is_a_400_naming_the_field_and_writes_nothing(
 ) -> None:
     response = post(api, body)
     assert response.status_code == 400
-    assert field in response.json(), response.json()
+    assert field in response.json()["error"]["fields"], response.json()
     assert Message.objects.count() == 0
     assert OutboxEvent.objects.count() == 0
 
@@ -106,7 +106,7 @@ def test_same_idempotency_key_with_another_body_is_refused(api: APIClient) -> No
     assert post(api, VALID, HTTP_IDEMPOTENCY_KEY="order-2").status_code == 202
     response = post(api, {**VALID, "text": "654321"}, HTTP_IDEMPOTENCY_KEY="order-2")
     assert response.status_code == 422
-    assert "Idempotency-Key" in response.json()
+    assert "Idempotency-Key" in response.json()["error"]["fields"]
     assert Message.objects.count() == 1
 
 

@@ -15,7 +15,7 @@ from rest_framework.views import APIView
 
 from campaigns import lifecycle
 from campaigns.api.validators import validate_mailbox
-from campaigns.exceptions import CampaignStateError
+from campaigns.exceptions import CampaignStateError, InvalidSchedule
 from campaigns.models import Campaign, Contact, ContactList, Template
 from campaigns.services import compile_template, contact_context
 from campaigns.templating import TemplateSyntaxError, check_syntax
@@ -107,6 +107,12 @@ class ScheduleSerializer(serializers.Serializer):
             }
             if missing:
                 raise serializers.ValidationError(missing)
+        try:
+            lifecycle.check_schedule_time(
+                attrs["type"], attrs.get("scheduled_at"), attrs.get("local_date"), attrs.get("local_time")
+            )
+        except InvalidSchedule as exc:
+            raise serializers.ValidationError({exc.field: [str(exc)]}) from None
         return attrs
 
 

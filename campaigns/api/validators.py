@@ -1,12 +1,79 @@
-"""Field validators shared by every API that takes an address or a header value."""
+"""Field validators shared by every API (and admin form) that takes an address, a header value
+or JSON that PostgreSQL must store."""
 
 from __future__ import annotations
 
+import re
+from email import policy
+from email.errors import InvalidHeaderDefect
 from email.utils import parseaddr
+from typing import Any
 
+from django import forms
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.validators import validate_email
+from django.db import models
+from django.forms.fields import InvalidJSONInput
 from rest_framework import serializers
+
+# U+0000 and lone surrogates: the characters a Python str can hold and PostgreSQL cannot (NUL is
+# refused in text and jsonb; a surrogate cannot be encoded to UTF-8 by psycopg).
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def unstorable_reason(value: str) -> str | None:
+    """Why PostgreSQL cannot store `value` (text or a jsonb string), or None when it can."""
+    found = _UNSTORABLE.search(value)
+    if found is None:
+        return None
+    char = found.group()
+    if char == "\x00":
+        return f"contains U+0000 (NUL) at character {found.start()}, which cannot be stored"
+    return f"contains an unpaired surrogate U+{ord(char):04X} at character {found.start()}, which is not text"
+
+
+def validate_storable_json(value: Any) -> None:
+    """Django validator for JSON form fields (admin): every key and string must be storable."""
+    pending = [value]
+    while pending:  # no recursion: the admin's JSON is not depth-capped like the API's
+        item = pending.pop()
+        if isinstance(item, str):
+            strings = [item]
+        elif isinstance(item, dict):
+            strings = [key for key in item if isinstance(key, str)]
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            strings = []
+            pending.extend(item)
+        else:
+            strings = []
+        for text in strings:
+            reason = unstorable_reason(text)
+            if reason:
+                raise DjangoValidationError(f"{text[:40]!r} {reason}", code="unstorable")
+
+
+class StorableJSONFormField(forms.JSONField):
+    """The admin's JSON field, refusing what PostgreSQL cannot store with a form error."""
+
+    default_validators = [validate_storable_json]
+
+    def bound_data(self, data: Any, initial: Any) -> Any:
+        # Re-shown as typed: decoded, a lone surrogate could not even be written into the page.
+        value = super().bound_data(data, initial)
+        try:
+            validate_storable_json(value)
+        except DjangoValidationError:
+            return InvalidJSONInput(data)
+        return value
+
+
+# `formfield_overrides` for a ModelAdmin whose model has a JSONField: its form refuses what
+# PostgreSQL cannot store with a form error instead of a 500 at save. (Django's text form fields
+# already refuse NUL.)
+STORABLE_JSON_FORMFIELDS: dict[type[models.Field], dict[str, Any]] = {
+    models.JSONField: {"form_class": StorableJSONFormField},
+}
 
 
 def no_crlf(value: str) -> str:
@@ -16,12 +83,44 @@ def no_crlf(value: str) -> str:
     return value
 
 
+def parse_mailbox(value: str) -> tuple[str, str]:
+    """(display name, address) of exactly one RFC 5322 mailbox, or ValueError saying why not.
+
+    `email.utils.parseaddr`, which the MIME writer uses, is lenient: it reads
+    "evil@example.com Bcc: x@y.z" as the address "evil@example.comBcc", the first of two
+    addresses, or a group's member, and drops comments. So a value is accepted only when the
+    strict parser (`email.policy.default`, RFC 5322) finds one mailbox, not in a group, with no
+    syntax defect, and parseaddr reads the same display name and address: what is sent is then
+    exactly what was given.
+    """
+    if "\r" in value or "\n" in value:
+        raise ValueError("must not contain line breaks (CR or LF)")
+    header = policy.default.header_factory("From", value)
+    if any(isinstance(defect, InvalidHeaderDefect) for defect in header.defects):
+        raise ValueError(f"{value!r} is not one RFC 5322 mailbox (address or Name <address>)")
+    if len(header.groups) != 1 or header.groups[0].display_name is not None:
+        raise ValueError(f"{value!r} must be exactly one mailbox, not a list or a group")
+    (mailbox,) = header.groups[0].addresses or (None,)
+    if mailbox is None:
+        raise ValueError(f"{value!r} has no address")
+    parsed = (mailbox.display_name, mailbox.addr_spec)
+    if parseaddr(value) != parsed:
+        raise ValueError(
+            f"{value!r} is ambiguous (comments or encoded words); give the name as plain text, "
+            'e.g. "Ann B" <ann@example.com>'
+        )
+    return parsed
+
+
 def validate_mailbox(value: str, *, allow_blank: bool = False) -> str:
-    """`a@example.com` or `Ann <a@example.com>`; with `allow_blank`, "" (use the default sender)."""
+    """`a@example.com`, `Ann <a@example.com>` or `"Ann, B" <a@example.com>`, stored as given
+    (surrounding blanks aside); with `allow_blank`, "" (use the default sender)."""
     if allow_blank and not value:
         return value
-    no_crlf(value)
-    _, address = parseaddr(value)
+    try:
+        _, address = parse_mailbox(value)
+    except ValueError as exc:
+        raise serializers.ValidationError(str(exc)) from None
     try:
         validate_email(address)
     except DjangoValidationError:

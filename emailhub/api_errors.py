@@ -1,0 +1,265 @@
+"""One JSON shape for every error under `/api/`, whoever raised it.
+
+    {"error": {"status": 400, "code": "invalid", "message": "…",
+               "fields": {"to": ["…"]}, "limit": {"name": "EMAILHUB_API_MAX_BODY_BYTES", "value": 5242880}}}
+
+`fields` is always there (empty when no field is at fault); `limit` only when a limit was hit.
+Two layers make it: `exception_handler` (DRF's EXCEPTION_HANDLER) shapes what DRF views raise,
+and `ApiErrorMiddleware` shapes everything else on `/api/` paths: Django's own 400/404/500 pages
+(an unknown path, a disallowed host, an exception outside DRF), and any error response a view
+built by hand in DRF's `{"field": [...]}` or `{"detail": "…"}` form. Clients therefore never see
+Django's HTML pages on `/api/`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from http import HTTPStatus
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig, SuspiciousOperation, TooManyFieldsSent
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from rest_framework import exceptions
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+from campaigns.api.validators import unstorable_reason
+from emailhub.api_json import RequestTooLarge
+
+logger = logging.getLogger(__name__)
+
+API_PREFIX = "/api/"
+
+# The code a response gets when nothing more specific is known (a view's own Response, a
+# Django page). DRF exceptions bring their own `default_code`.
+CODES = {
+    400: "invalid",
+    401: "not_authenticated",
+    403: "permission_denied",
+    404: "not_found",
+    405: "method_not_allowed",
+    406: "not_acceptable",
+    409: "conflict",
+    413: "request_too_large",
+    415: "unsupported_media_type",
+    422: "unprocessable",
+    429: "throttled",
+    500: "server_error",
+}
+
+
+def error_body(
+    status_code: int,
+    message: str,
+    *,
+    code: str | None = None,
+    fields: dict[str, Any] | None = None,
+    limit: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    error: dict[str, Any] = {
+        "status": status_code,
+        "code": code or CODES.get(status_code, "error"),
+        "message": message,
+        "fields": fields or {},
+    }
+    if limit is not None:
+        error["limit"] = limit
+    return {"error": error}
+
+
+def is_error_body(data: Any) -> bool:
+    return isinstance(data, dict) and set(data) == {"error"} and isinstance(data["error"], dict)
+
+
+def _phrase(status_code: int) -> str:
+    try:
+        return HTTPStatus(status_code).phrase.lower()
+    except ValueError:
+        return "error"
+
+
+def shape(
+    status_code: int, data: Any, *, code: str | None = None, limit: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """DRF's error data (`{"detail": …}`, `{"field": […]}` or `[…]`) in the common shape."""
+    if is_error_body(data):
+        return data
+    # DRF's {"detail": "…"} (a string; a field named `detail` has a list of errors).
+    if isinstance(data, dict) and set(data) <= {"detail"} and not isinstance(data.get("detail"), list):
+        return error_body(
+            status_code, str(data.get("detail") or _phrase(status_code)), code=code, limit=limit
+        )
+    if isinstance(data, list) and any(isinstance(item, dict) for item in data):
+        # A list serializer's errors, one entry per item: fields by item index.
+        data = {str(index): item for index, item in enumerate(data) if item}
+    if isinstance(data, list):
+        return error_body(
+            status_code, "; ".join(str(item) for item in data) or _phrase(status_code), code=code, limit=limit
+        )
+    fields = dict(data) if isinstance(data, dict) else {}
+    general = fields.pop("non_field_errors", None)
+    if general:
+        message = "; ".join(str(item) for item in general) if isinstance(general, list) else str(general)
+    else:
+        message = "invalid input: " + ", ".join(fields) if fields else _phrase(status_code)
+    return error_body(status_code, message, code=code, fields=fields, limit=limit)
+
+
+def _django_exception(exc: Exception) -> exceptions.APIException | None:
+    """Django's request errors as API exceptions (DRF re-raises them, and Django would answer
+    with an HTML 400 page)."""
+    if isinstance(exc, RequestDataTooBig):
+        return RequestTooLarge(settings.DATA_UPLOAD_MAX_MEMORY_SIZE, "DATA_UPLOAD_MAX_MEMORY_SIZE")
+    if isinstance(exc, TooManyFieldsSent):
+        error = RequestTooLarge(settings.DATA_UPLOAD_MAX_NUMBER_FIELDS, "DATA_UPLOAD_MAX_NUMBER_FIELDS")
+        error.detail = exceptions.ErrorDetail(str(exc), code="request_too_large")
+        return error
+    if isinstance(exc, SuspiciousOperation):
+        return exceptions.ParseError(str(exc) or "bad request")
+    return None
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    """DRF's handler, with Django's request errors added, answering in the common shape."""
+    exc = _django_exception(exc) or exc
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        return None  # a bug: ApiErrorMiddleware logs it and answers a JSON 500
+    code = exc.default_code if isinstance(exc, exceptions.APIException) else None
+    if isinstance(exc, exceptions.ValidationError):
+        code = "invalid"
+    response.data = shape(response.status_code, response.data, code=code, limit=getattr(exc, "limit", None))
+    return response
+
+
+def _json(status_code: int, body: dict[str, Any]) -> JsonResponse:
+    return JsonResponse(body, status=status_code)
+
+
+class ApiErrorMiddleware:
+    """Every error response on `/api/` in the common shape. Install it first (outermost), so it
+    also sees the pages Django's other middleware produce."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        if not request.path_info.startswith(API_PREFIX):
+            return self.get_response(request)
+        refused = self._check_query(request)
+        if refused is not None:
+            return refused
+        response = self.get_response(request)
+        if response.status_code >= 400 and not getattr(response, "streaming", False):
+            self._reshape(request, response)
+        return response
+
+    def process_exception(self, request: HttpRequest, exc: Exception) -> HttpResponse | None:
+        if not request.path_info.startswith(API_PREFIX):
+            return None
+        known = _django_exception(exc)
+        if known is not None:
+            return _json(
+                known.status_code,
+                shape(
+                    known.status_code,
+                    {"detail": known.detail},
+                    code=known.default_code,
+                    limit=getattr(known, "limit", None),
+                ),
+            )
+        logger.exception("unhandled error on %s %s", request.method, request.path)
+        return _json(500, error_body(500, "internal error; it has been logged"))
+
+    @staticmethod
+    def _check_query(request: HttpRequest) -> HttpResponse | None:
+        fields = {}
+        for name, values in request.GET.lists():
+            for value in [name, *values]:
+                reason = unstorable_reason(value)
+                if reason:
+                    fields[name] = [f"query parameter {name!r} {reason}"]
+        if fields:
+            return _json(400, shape(400, fields))
+        return None
+
+    @staticmethod
+    def _reshape(request: HttpRequest, response: HttpResponse) -> None:
+        data: Any = getattr(response, "data", None)
+        if data is None and response.get("Content-Type", "").startswith("application/json"):
+            try:
+                data = json.loads(response.content or b"null")
+            except ValueError:
+                data = None
+        if is_error_body(data):
+            return
+        if data is None:  # a Django page (HTML or empty): only the status is worth keeping
+            if response.status_code == 404:
+                data = {"detail": f"no such endpoint: {request.method} {request.path}"}
+            elif response.status_code >= 500:
+                data = {"detail": "internal error; it has been logged"}
+            else:
+                data = {"detail": _phrase(response.status_code)}
+        response.content = json.dumps(shape(response.status_code, data)).encode()
+        response["Content-Type"] = "application/json"
+        response.headers.pop("Content-Length", None)
+
+
+ERROR_SCHEMA = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["status", "code", "message", "fields"],
+            "properties": {
+                "status": {"type": "integer", "example": 400},
+                "code": {"type": "string", "example": "invalid"},
+                "message": {"type": "string"},
+                "fields": {
+                    "type": "object",
+                    "additionalProperties": {"type": "array", "items": {"type": "string"}},
+                    "description": "errors by field name; empty when no field is at fault",
+                },
+                "limit": {
+                    "type": "object",
+                    "properties": {"name": {"type": "string"}, "value": {"type": "integer"}},
+                    "description": "the setting and value of a limit that was hit (413, depth)",
+                },
+            },
+        }
+    },
+}
+# Statuses every operation can answer; 413 and 415 only where a body is read.
+_ALWAYS = {
+    "400": "bad input",
+    "401": "no or unknown API key",
+    "403": "the key lacks the scope",
+    "500": "a bug",
+}
+_WITH_BODY = {"413": "body larger than EMAILHUB_API_MAX_BODY_BYTES", "415": "unsupported Content-Type"}
+_WITH_ID = {"404": "no such object"}
+
+
+def add_error_responses(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
+    """drf-spectacular postprocessing hook: the `Error` schema, and every error an operation can
+    answer documented with it."""
+    result.setdefault("components", {}).setdefault("schemas", {})["Error"] = ERROR_SCHEMA
+    reference = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+    for route, operations in result.get("paths", {}).items():
+        for method, operation in operations.items():
+            statuses = dict(_ALWAYS)
+            if method in ("post", "put", "patch"):
+                statuses.update(_WITH_BODY)
+            if "{" in route:
+                statuses.update(_WITH_ID)
+            responses = operation.setdefault("responses", {})
+            for code, description in statuses.items():
+                responses.setdefault(code, {"description": description})
+            for code, response in responses.items():
+                if code[0] in "45":
+                    response["content"] = reference
+    return result
