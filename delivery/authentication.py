@@ -12,6 +12,7 @@ from django.db.models import Q
 from django.db.models.functions import Now
 from django.db.models.signals import post_save
 from django.dispatch import receiver
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
@@ -74,7 +75,9 @@ def find_api_key(name_or_prefix: str) -> ApiKey:
         raise LookupError(f"no API key has the name or prefix {ident!r} (see `manage.py list_api_keys`)")
     if len(matches) > 1:
         # A name equal to another key's prefix, or two keys sharing a prefix: refuse to guess.
-        raise LookupError(f"{ident!r} matches more than one API key: {', '.join(map(str, matches))}; use its name")
+        raise LookupError(
+            f"{ident!r} matches more than one API key: {', '.join(map(str, matches))}; use its name"
+        )
     return matches[0]
 
 
@@ -113,3 +116,22 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
 def _forget_on_change(**_: object) -> None:
     # A revocation takes effect at once in this process; others follow within the cache time.
     forget_cached_keys()
+
+
+class ApiKeyScheme(OpenApiAuthenticationExtension):
+    """The Bearer scheme in the OpenAPI schema; each operation's scope is added by
+    delivery.permissions.document_scopes."""
+
+    target_class = "delivery.authentication.ApiKeyAuthentication"
+    name = "ApiKey"
+
+    def get_security_definition(self, auto_schema: object) -> dict[str, str]:
+        return {
+            "type": "http",
+            "scheme": "bearer",
+            "bearerFormat": "eh_…",
+            "description": (
+                "An API key from `manage.py create_api_key NAME [--scopes send,read,manage]`. "
+                "A missing or revoked key is a 401; a key without the operation's scope a 403."
+            ),
+        }

@@ -213,6 +213,7 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "emailhub.api_errors.add_error_responses",  # every error in the one documented shape
+        "delivery.permissions.document_scopes",  # the API key scope each operation needs
     ],
 }
 

@@ -250,9 +250,19 @@ def test_a_scope_granted_in_the_admin_applies_to_the_next_request(admin_client) 
     assert client.get("/api/v1/messages").status_code == 200
 
 
-def test_message_list_and_its_scopes_are_in_the_openapi_schema(api: APIClient) -> None:
+def test_openapi_schema_has_the_bearer_scheme_and_each_operations_scope(api: APIClient) -> None:
     schema = api.get("/api/schema/", HTTP_ACCEPT="application/json").json()
-    assert {"get", "post"} <= set(schema["paths"]["/api/v1/messages"])
+    scheme = schema["components"]["securitySchemes"]["ApiKey"]
+    assert scheme["type"] == "http" and scheme["scheme"] == "bearer"
+    messages = schema["paths"]["/api/v1/messages"]
+    assert messages["post"]["x-required-scopes"] == ["send"]
+    assert messages["get"]["x-required-scopes"] == ["read", "manage"]
+    assert "`send`" in messages["post"]["description"]
+    assert schema["paths"]["/api/v1/messages/{message_id}"]["get"]["x-required-scopes"] == ["read", "manage"]
+    assert schema["paths"]["/api/v1/contacts"]["post"]["x-required-scopes"] == ["manage"]
+    for operations in schema["paths"].values():
+        for operation in operations.values():
+            assert operation["x-required-scopes"] and {"ApiKey": []} in operation["security"]
 
 
 def test_revoked_key_is_refused_by_every_web_worker_after_the_cache_time(
