@@ -7,5 +7,4 @@ from django.urls import include, path
 urlpatterns = [
     path("", include("campaigns.api.contacts")),
     path("", include("campaigns.api.campaigns")),
-    path("", include("campaigns.api.imports")),
 ]
