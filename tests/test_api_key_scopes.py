@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 import time
 from collections.abc import Iterator
 from io import StringIO
@@ -40,12 +41,11 @@ def api_routes() -> Iterator[tuple[str, type]]:
             if isinstance(pattern, URLResolver):
                 yield from walk(pattern.url_patterns, route)
             elif isinstance(pattern, URLPattern) and hasattr(pattern.callback, "view_class"):
-                for converter in ("<int:pk>", "<int:message_id>", "<int:id>", "<int:import_id>"):
-                    route = route.replace(converter, "1")
-                yield "/" + route, pattern.callback.view_class
+                route = re.sub(r"<uuid:\w+>", "00000000-0000-0000-0000-000000000001", route)
+                yield "/" + re.sub(r"<(?:\w+:)?\w+>", "1", route), pattern.callback.view_class
 
     for route, view_class in walk(get_resolver().url_patterns, ""):
-        if route.startswith("/api/v1/") and "<" not in route:
+        if route.startswith("/api/v1/"):
             yield route, view_class
 
 
