@@ -243,7 +243,11 @@ def delete_draft(campaign_id: int) -> None:
 
 
 def requeue_queued(campaign_id: int, step: int = 50_000) -> int:
-    """Publish send tasks again for the campaign's queued messages, in keyset steps."""
+    """Publish send tasks again for the campaign's queued messages, in keyset steps.
+
+    Each step moves the rows' `queued_at` with their outbox events: the stranded-task probe
+    (delivery/services/probes.py) must not take a row republished after its probe for stranded.
+    """
     campaign = Campaign.objects.get(pk=campaign_id)
     batch = settings.EMAILHUB_BATCH_SIZES[campaign.priority]
     last_id, total = 0, 0
@@ -251,17 +255,24 @@ def requeue_queued(campaign_id: int, step: int = 50_000) -> int:
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(
                 """
-                SELECT id FROM delivery_message
-                 WHERE campaign_id = %s AND status = 'queued' AND id > %s
-                 ORDER BY id LIMIT %s
+                WITH step AS (
+                    SELECT id FROM delivery_message
+                     WHERE campaign_id = %s AND status = 'queued' AND id > %s
+                     ORDER BY id LIMIT %s
+                ), moved AS (
+                    UPDATE delivery_message AS m SET queued_at = clock_timestamp()
+                      FROM step WHERE m.id = step.id AND m.status = 'queued'
+                    RETURNING m.id
+                )
+                SELECT (SELECT max(id) FROM step), coalesce((SELECT array_agg(id ORDER BY id) FROM moved), '{}')
                 """,
                 [campaign_id, last_id, step],
             )
-            ids = [row[0] for row in cursor.fetchall()]
-            if not ids:
+            step_end, ids = cursor.fetchone()
+            if step_end is None:
                 return total
             outbox.record_sends(ids, campaign.priority, batch)
-        last_id, total = ids[-1], total + len(ids)
+        last_id, total = step_end, total + len(ids)
 
 
 def resume_stalled_fanouts(stale_seconds: float | None = None) -> int:

@@ -9,7 +9,7 @@ from celery.signals import worker_init, worker_process_init, worker_process_shut
 
 from delivery.breakers import reset_process_state
 from delivery.providers import close_all
-from delivery.services import outbox, sweeps
+from delivery.services import outbox, probes, sweeps
 from delivery.services.sending import check_provider_settings
 from delivery.services.sending import send_messages as send_messages_service
 
@@ -25,6 +25,13 @@ def send_messages(message_ids: list[int]) -> dict[str, int]:
 @shared_task(name="delivery.relay_outbox", ignore_result=True)
 def relay_outbox() -> int:
     return outbox.relay()
+
+
+@shared_task(name="delivery.queue_probe", ignore_result=True, acks_late=False)
+def queue_probe(queue: str, token: str) -> bool:
+    # Published by the reconciler to one send queue; reaching a worker proves that every task
+    # published before it has been delivered (delivery/services/probes.py).
+    return probes.mark_consumed(queue, token)
 
 
 @shared_task(name="delivery.requeue_stale_sending", ignore_result=True)

@@ -140,6 +140,14 @@ EMAILHUB_RETRY_MAX_SECONDS = env_float("EMAILHUB_RETRY_MAX_SECONDS", 3600.0, min
 EMAILHUB_OUTBOX_GRACE_SECONDS = env_float("EMAILHUB_OUTBOX_GRACE_SECONDS", 2.0, minimum=0.0)
 # A message stuck in `sending` this long (its worker died) is given back to the queue.
 EMAILHUB_SENDING_LEASE_SECONDS = env_int("EMAILHUB_SENDING_LEASE_SECONDS", 600, minimum=10)
+# Stranded `queued` messages (delivery/services/probes.py): a queue's probe must have been
+# consumed this long before the queue is checked (a task delivered just before the probe has
+# claimed its rows by then; with prefetch 1 that takes milliseconds), and the same margin is
+# taken off the probe's cutoff (clock skew between web hosts and PostgreSQL).
+EMAILHUB_QUEUE_PROBE_MARGIN_SECONDS = env_float("EMAILHUB_QUEUE_PROBE_MARGIN_SECONDS", 60.0, minimum=0.0)
+# A probe not consumed this long is replaced: lost with the broker's data, or behind a long
+# backlog (then the new one just waits too; only a consumed probe leads to a republish).
+EMAILHUB_QUEUE_PROBE_TIMEOUT_SECONDS = env_float("EMAILHUB_QUEUE_PROBE_TIMEOUT_SECONDS", 600.0, minimum=1.0)
 
 PROVIDER_NAMES = {"smtp", "ses", "sendgrid", "locmem"}
 EMAILHUB_PROVIDERS_TRANSACTIONAL = env_list(

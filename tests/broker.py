@@ -12,13 +12,15 @@ import redis as redis_lib
 from kombu import pools
 
 
-def queued_tasks(client: redis_lib.Redis, queue: str) -> list[tuple[str, list[Any]]]:
-    """(task name, args) of every message waiting in `queue`, oldest first."""
+def queued_tasks(client: redis_lib.Redis, queue: str, *, probes: bool = False) -> list[tuple[str, list[Any]]]:
+    """(task name, args) of every message waiting in `queue`, oldest first; the reconciler's
+    queue probes (delivery.queue_probe) only with `probes`."""
     tasks = []
     for raw in reversed(client.lrange(queue, 0, -1)):  # kombu LPUSHes and BRPOPs
         envelope = json.loads(raw)
         body = json.loads(base64.b64decode(envelope["body"]))
-        tasks.append((envelope["headers"]["task"], body[0]))
+        if probes or envelope["headers"]["task"] != "delivery.queue_probe":
+            tasks.append((envelope["headers"]["task"], body[0]))
     return tasks
 
 

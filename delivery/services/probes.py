@@ -1,0 +1,217 @@
+"""Finding `queued` messages whose send task no longer exists: one FIFO probe per send queue.
+
+A send task can vanish without PostgreSQL noticing: the broker's data emptied (FLUSHDB of a
+broker that is not REDIS_URL, a purged RabbitMQ queue), a task deleted by hand, a worker
+killed while it held a task whose unacked copy went with the broker. Its rows stay `queued`.
+
+Looking at the broker cannot tell such a row from one that waits in a legitimate backlog (and
+RabbitMQ cannot be listed at all), and age cannot either: a 1,000,000-message campaign waiting
+in `normal` is old and healthy. The probe asks the queue itself. Each reconcile tick, per send
+queue (critical, high, normal, low):
+
+1. No probe outstanding: publish `delivery.queue_probe` to that queue with a token, after
+   recording in Redis the probe's *cutoff* C (below).
+2. A worker executes the probe and records it consumed. A queue is FIFO, so every task
+   published before the probe has been delivered to a worker by then.
+3. Once the probe has been consumed for EMAILHUB_QUEUE_PROBE_MARGIN_SECONDS (the tasks
+   delivered just before it have claimed their rows by then), a message of that priority that
+   is still `queued` with `queued_at < C`, and whose campaign (if any) is `sending` (a paused
+   campaign leaves rows queued on purpose), has no task: it is republished through the outbox
+   and its `queued_at` moved, then a new probe starts.
+4. A probe not consumed within EMAILHUB_QUEUE_PROBE_TIMEOUT_SECONDS is replaced by a new one:
+   it was lost, or it waits behind a backlog. That is never evidence of stranding; only a
+   consumed probe is. A backlog keeps its probe waiting behind it, so nothing in it is touched.
+
+The cutoff C must be a time before which every `queued` row's task was already on the broker
+when the probe was published. `queued_at` is written in the transaction that records the row's
+outbox event, and the outbox row is deleted only after its task was published. So C is the
+least of: now; the oldest live send outbox row's `created_at` (its task may go out after the
+probe); the start of the oldest open transaction that has written (its rows commit later); all
+minus the margin (clock skew: the web host stamps `queued_at` on accept). Every path that
+publishes a send task again for an existing row (this module, the Redis-reset republish, a
+campaign's resume) moves its `queued_at` in the same transaction, so the rule holds for it too.
+
+Claims are conditional, so a wrong guess would cost a task that finds nothing to do, never a
+second email. Nothing here asks the broker anything: it works the same on Redis and RabbitMQ.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass, field
+
+from django.conf import settings
+from django.db import connection, transaction
+
+from delivery.breakers import redis_client
+from delivery.services import outbox
+from emailhub.celery import PRIORITY_QUEUES
+from emailhub.celery import app as celery_app
+
+logger = logging.getLogger(__name__)
+
+PROBE_TASK = "delivery.queue_probe"
+KEY = "emailhub:probe:{queue}"
+# Rows moved per republish statement: a broker that lost a million tasks costs a few
+# statements, each one transaction, not one huge one.
+REPUBLISH_STEP = 50_000
+
+# One decision per tick, atomic so that two beats (two reconcilers) never both act on one
+# consumed probe: the winner installs its own token at once and the other sees `wait`.
+# Returns {decision, old cutoff}. Times are Redis's own clock.
+_BEGIN = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local s = redis.call('HMGET', KEYS[1], 'token', 'cutoff', 'published', 'consumed')
+local decision
+if not s[1] then
+  decision = 'publish'
+elseif s[4] then
+  if now - tonumber(s[4]) < tonumber(ARGV[1]) then return {'wait', false} end
+  decision = 'check'
+elseif now - tonumber(s[3]) >= tonumber(ARGV[2]) then
+  decision = 'replace'
+else
+  return {'wait', false}
+end
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'token', ARGV[3], 'published', tostring(now))
+return {decision, s[2] or false}
+"""
+_SET_CUTOFF = """
+if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'cutoff', ARGV[2])
+return 1
+"""
+_CONSUMED = """
+if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] or redis.call('HEXISTS', KEYS[1], 'consumed') == 1 then
+  return 0
+end
+local t = redis.call('TIME')
+redis.call('HSET', KEYS[1], 'consumed', tostring(tonumber(t[1]) + tonumber(t[2]) / 1000000))
+return 1
+"""
+_DROP = (
+    "if redis.call('HGET', KEYS[1], 'token') == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+)
+
+# The cutoff, read from PostgreSQL's clock (see the module docstring). least() skips NULLs.
+_CUTOFF_SQL = """
+SELECT extract(epoch FROM least(
+         clock_timestamp(),
+         (SELECT min(created_at) FROM delivery_outboxevent WHERE kind = 'send_messages'),
+         (SELECT min(xact_start) FROM pg_stat_activity
+           WHERE datname = current_database() AND backend_xid IS NOT NULL AND pid <> pg_backend_pid())
+       ) - make_interval(secs => %s))
+"""
+
+# One statement for every checked queue: a sequential scan of delivery_message (no index
+# serves `status = 'queued'`, and one would cost every fan-out insert); 1M rows: see
+# docs/architecture.md for the measured figure. It runs at most once per probe cycle.
+_STRANDED_SQL = """
+UPDATE delivery_message AS m SET queued_at = clock_timestamp()
+ WHERE m.id IN (
+        SELECT s.id FROM delivery_message AS s
+          JOIN unnest(%s::text[], %s::float8[]) AS p(priority, cutoff) ON s.priority = p.priority
+          LEFT JOIN campaigns_campaign AS c ON c.id = s.campaign_id
+         WHERE s.status = 'queued'
+           AND coalesce(s.queued_at, s.created_at) < to_timestamp(p.cutoff)
+           AND (s.campaign_id IS NULL OR c.status = 'sending')
+         LIMIT %s)
+   AND m.status = 'queued'
+RETURNING m.id, m.priority
+"""
+
+
+@dataclass
+class ProbeReport:
+    published: list[str] = field(default_factory=list)  # queues that got a new probe
+    replaced: list[str] = field(default_factory=list)  # of those, whose old probe timed out
+    checked: list[str] = field(default_factory=list)  # queues scanned for stranded rows
+    republished: dict[str, int] = field(default_factory=dict)  # stranded rows, by priority
+
+
+def _key(queue: str) -> str:
+    return KEY.format(queue=queue)
+
+
+def mark_consumed(queue: str, token: str) -> bool:
+    """The probe task's body: record that `token` reached a worker (only the current token counts)."""
+    return bool(redis_client().eval(_CONSUMED, 1, _key(queue), token))
+
+
+def current_cutoff(margin: float) -> float:
+    with connection.cursor() as cursor:
+        cursor.execute(_CUTOFF_SQL, [margin])
+        return float(cursor.fetchone()[0])
+
+
+def republish_stranded(cutoffs: dict[str, float]) -> dict[str, int]:
+    """Republish `queued` rows of these priorities queued before their cutoff (campaign rows only
+    while the campaign is `sending`); move their `queued_at`. Returns rows by priority."""
+    counts: dict[str, int] = {}
+    if not cutoffs:
+        return counts
+    priorities, values = list(cutoffs), [cutoffs[p] for p in cutoffs]
+    while True:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(_STRANDED_SQL, [priorities, values, REPUBLISH_STEP])
+            rows = cursor.fetchall()
+            outbox.record_sends_by_priority(rows)
+        for _, priority in rows:
+            counts[priority] = counts.get(priority, 0) + 1
+        if len(rows) < REPUBLISH_STEP:
+            return counts
+
+
+def run(*, margin: float | None = None, timeout: float | None = None) -> ProbeReport:
+    """One tick of the probes (the reconciler calls this): check consumed probes, start new ones."""
+    margin = settings.EMAILHUB_QUEUE_PROBE_MARGIN_SECONDS if margin is None else margin
+    timeout = settings.EMAILHUB_QUEUE_PROBE_TIMEOUT_SECONDS if timeout is None else timeout
+    report = ProbeReport()
+    client = redis_client()
+    tokens: dict[str, str] = {}
+    cutoffs: dict[str, float] = {}
+    for queue in PRIORITY_QUEUES:
+        token = uuid.uuid4().hex
+        decision, old_cutoff = client.eval(_BEGIN, 1, _key(queue), margin, timeout, token)
+        decision = decision.decode() if isinstance(decision, bytes) else decision
+        if decision == "wait":
+            continue
+        tokens[queue] = token
+        if decision == "replace":
+            report.replaced.append(queue)
+        elif decision == "check" and old_cutoff:
+            cutoffs[queue] = float(old_cutoff)
+    report.checked = list(cutoffs)
+    report.republished = republish_stranded(cutoffs)
+    if report.republished:
+        logger.warning(
+            "republished %d queued message(s) whose send task no longer existed: %s",
+            sum(report.republished.values()),
+            report.republished,
+        )
+    if not tokens:
+        return report
+    # Taken after the republish committed (and its tasks went out), so those rows are after it.
+    cutoff = current_cutoff(margin)
+    with celery_app.producer_or_acquire() as producer:
+        for queue, token in tokens.items():
+            try:
+                client.eval(_SET_CUTOFF, 1, _key(queue), token, repr(cutoff))
+                celery_app.send_task(
+                    PROBE_TASK, args=[queue, token], queue=queue, retry=False, producer=producer
+                )
+            except Exception as exc:  # noqa: BLE001 - a broker or Redis error: the next tick tries again
+                logger.warning("could not publish the %s queue's probe (%s); next tick retries", queue, exc)
+                client.eval(_DROP, 1, _key(queue), token)
+                continue
+            report.published.append(queue)
+    return report
+
+
+def state(queue: str) -> dict[str, str]:
+    """The queue's probe as stored in Redis (for tests and operators)."""
+    raw = redis_client().hgetall(_key(queue))
+    return {k.decode(): v.decode() for k, v in raw.items()}
