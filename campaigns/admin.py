@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from django import forms
@@ -46,7 +47,7 @@ class ContactAdmin(admin.ModelAdmin):
             obj.save()
 
     def get_deleted_objects(
-        self, objs: QuerySet[Contact] | list[Contact], request: HttpRequest
+        self, objs: Sequence[Any] | QuerySet[Any], request: HttpRequest
     ) -> tuple[list[str], dict[str, int], set[str], list[str]]:
         # Nothing is deleted, so the confirmation page must not list memberships and messages as
         # if they were (and must not walk them: a contact can be in many lists).
@@ -242,7 +243,7 @@ class CampaignAdmin(admin.ModelAdmin):
             Campaign.objects.filter(pk=obj.pk).update(name=changes["name"])
 
     def get_deleted_objects(
-        self, objs: QuerySet[Campaign] | list[Campaign], request: HttpRequest
+        self, objs: Sequence[Any] | QuerySet[Any], request: HttpRequest
     ) -> tuple[Any, Any, set[str], list[str]]:
         refused = [
             f"{campaign} (campaign {campaign.pk}) is {campaign.status}"

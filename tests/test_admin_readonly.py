@@ -71,8 +71,8 @@ def change_url(obj: object) -> str:
     return reverse(f"admin:{meta.app_label}_{meta.model_name}_change", args=[obj.pk])  # type: ignore[attr-defined]
 
 
-def changelist(model: type) -> str:
-    return reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_changelist")
+def changelist(model: type) -> str:  # a model class
+    return reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_changelist")  # type: ignore[attr-defined]
 
 
 def page_messages(response: object) -> str:
