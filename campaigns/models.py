@@ -214,3 +214,100 @@ class Campaign(models.Model):
             return 100.0 if self.fanout_done else 0.0
         percent = 100 * self.finished_count / self.total_count
         return round(percent if self.fanout_done else min(percent, 99.9), 1)
+
+
+class ImportJob(models.Model):
+    """A CSV import, run by a worker (campaigns.import_jobs); the file waits in ImportChunk rows.
+
+    The file is stored in PostgreSQL, not on a disk, because the web process that received it and
+    the worker that reads it may run on different hosts.
+    """
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        RUNNING = "running"
+        COMPLETED = "completed"
+        FAILED = "failed"
+
+    status = models.CharField(max_length=12, choices=Status.choices, default=Status.PENDING)
+    filename = models.CharField(max_length=255, blank=True, default="")
+    size = models.BigIntegerField(default=0)  # bytes of the stored file
+    list_name = models.CharField(max_length=200, blank=True, default="")
+    contact_list = models.ForeignKey(
+        ContactList, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    # Progress, written in the transaction that writes each batch of contacts, so a run that died
+    # resumes at the first record not written: the physical line it starts on and its byte offset.
+    next_line = models.BigIntegerField(default=0)  # 0: no record read yet
+    next_offset = models.BigIntegerField(default=0)
+    rows_read = models.BigIntegerField(default=0)
+    rows_created = models.BigIntegerField(default=0)
+    rows_updated = models.BigIntegerField(default=0)
+    rows_duplicate = models.BigIntegerField(default=0)
+    rows_rejected = models.BigIntegerField(default=0)
+    added_to_list = models.BigIntegerField(default=0)
+    error = models.TextField(blank=True, default="")
+    # The claim: a run owns the job while its token is stored, and checks it at every batch.
+    run_token = models.UUIDField(null=True, blank=True)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    # The database clock when the first run started: contacts created since are this import's own.
+    since = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(db_default=Now())
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [
+            models.Index(
+                fields=["heartbeat_at"],
+                name="importjob_unfinished_idx",
+                condition=models.Q(status__in=["pending", "running"]),
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"import {self.pk} ({self.status})"
+
+    @property
+    def rows_imported(self) -> int:
+        return self.rows_created + self.rows_updated + self.rows_duplicate
+
+
+class ImportChunk(models.Model):
+    """One slice of an import's file (bytea), deleted when the import finishes."""
+
+    job = models.ForeignKey(ImportJob, on_delete=models.CASCADE, related_name="chunks", db_index=False)
+    seq = models.PositiveIntegerField()
+    data = models.BinaryField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "seq"], name="uniq_importchunk_seq")]
+
+    def __str__(self) -> str:
+        return f"import {self.job_id} chunk {self.seq}"
+
+
+class ImportIssue(models.Model):
+    """A rejected row (or a duplicate merged into an earlier one), every one of them, by line."""
+
+    class Kind(models.TextChoices):
+        REJECTED = "rejected"
+        DUPLICATE = "duplicate"
+
+    job = models.ForeignKey(ImportJob, on_delete=models.CASCADE, related_name="issues", db_index=False)
+    kind = models.CharField(max_length=10, choices=Kind.choices)
+    line = models.BigIntegerField()  # the file's physical line the row starts on
+    reason = models.TextField()
+    excerpt = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["line"]
+        constraints = [
+            # Also the index the paginated listing walks; a resumed run cannot record a line twice.
+            models.UniqueConstraint(fields=["job", "kind", "line"], name="uniq_importissue_line")
+        ]
+
+    def __str__(self) -> str:
+        return f"line {self.line}: {self.reason}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from campaigns import fanout, lifecycle
+from campaigns import fanout, import_jobs, lifecycle
 from campaigns.models import Campaign
 
 
@@ -20,3 +20,13 @@ def fan_out(campaign_id: int, requeue: bool = False) -> dict[str, int]:
 @shared_task(name="campaigns.resume_stalled_fanouts", ignore_result=True)
 def resume_stalled_fanouts() -> int:
     return lifecycle.resume_stalled_fanouts()
+
+
+@shared_task(name="campaigns.run_import", acks_late=True, ignore_result=True)
+def run_import(job_id: int) -> None:
+    import_jobs.run_import_job(job_id)
+
+
+@shared_task(name="campaigns.resume_stalled_imports", ignore_result=True)
+def resume_stalled_imports() -> int:
+    return import_jobs.resume_stalled_imports()

@@ -14,6 +14,7 @@ PERIODIC_TASKS: dict[str, tuple[str, int, int, str]] = {
     "emailhub: relay outbox": ("delivery.relay_outbox", 1, 5, "system"),
     "emailhub: requeue stale sends": ("delivery.requeue_stale_sending", 30, 60, "system"),
     "emailhub: resume stalled fan-outs": ("campaigns.resume_stalled_fanouts", 15, 30, "system"),
+    "emailhub: resume stalled imports": ("campaigns.resume_stalled_imports", 15, 30, "system"),
     "emailhub: recurring schedules": ("scheduling.run_recurring", 5, 10, "system"),
     "emailhub: reconcile schedule": ("scheduling.reconcile", 30, 60, "system"),
 }

@@ -6,15 +6,15 @@ beyond a plain save() are services (campaigns.services, campaigns.importing).
 
 from __future__ import annotations
 
-import io
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.validators import validate_email
 from django.db import IntegrityError, transaction
 from django.db.models import Count, QuerySet
 from django.shortcuts import get_object_or_404
-from django.urls import path
+from django.urls import path, reverse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import generics, serializers, status
@@ -24,9 +24,11 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from campaigns.api.imports import ImportJobSerializer
 from campaigns.erasure import erase_contacts
-from campaigns.importing import ImportFileError, import_contacts
-from campaigns.models import Contact, ContactList, Suppression
+from campaigns.import_jobs import create_import_job
+from campaigns.importing import ImportFileError
+from campaigns.models import Contact, ContactList, ImportJob, Suppression
 from campaigns.services import ListInUse, add_list_members, delete_contact_list, remove_list_members
 
 MAX_MEMBER_IDS = 10_000  # per request; larger sets go through the CSV import
@@ -150,24 +152,13 @@ class ImportUploadSerializer(serializers.Serializer):
     )
 
 
-class RowIssueSerializer(serializers.Serializer):
-    line = serializers.IntegerField()
-    reason = serializers.CharField()
-    excerpt = serializers.CharField()
+class ImportTooLarge(APIException):
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    default_code = "request_too_large"
 
-
-class ImportReportSerializer(serializers.Serializer):
-    list_id = serializers.IntegerField(allow_null=True)
-    list_name = serializers.CharField(allow_null=True)
-    rows = serializers.IntegerField()
-    imported = serializers.IntegerField()
-    created = serializers.IntegerField()
-    updated = serializers.IntegerField()
-    duplicates = serializers.IntegerField()
-    rejected = serializers.IntegerField()
-    added_to_list = serializers.IntegerField()
-    rejected_rows = RowIssueSerializer(many=True, help_text="the first 1,000")
-    duplicate_rows = RowIssueSerializer(many=True, help_text="the first 1,000")
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__(f"the CSV file is larger than {max_bytes} bytes (EMAILHUB_IMPORT_MAX_BYTES)")
+        self.limit = {"name": "EMAILHUB_IMPORT_MAX_BYTES", "value": max_bytes}
 
 
 class Conflict(APIException):
@@ -247,13 +238,22 @@ class ContactImportView(APIView):
     @extend_schema(
         request={"multipart/form-data": ImportUploadSerializer, "text/csv": OpenApiTypes.BINARY},
         parameters=[OpenApiParameter("list", str, description="list name; created if missing")],
-        responses={200: ImportReportSerializer, 400: OpenApiTypes.OBJECT},
+        responses={202: ImportJobSerializer, 400: OpenApiTypes.OBJECT, 413: OpenApiTypes.OBJECT},
         description=(
-            "Stream a CSV of contacts in: bad rows are rejected with their line and reason, "
-            "duplicates merged (later row wins). Large files: use `manage.py import_contacts`."
+            "Store a CSV of contacts and import it as a job: 202 with the job and its Location "
+            "(`GET /api/v1/imports/{id}`). A bad header is a 400 here, before anything is stored; "
+            "bad rows are rejected one by one with their line and reason, duplicates merged "
+            "(later row wins). Files up to EMAILHUB_IMPORT_MAX_BYTES (413 beyond)."
         ),
     )
     def post(self, request: Request) -> Response:
+        limit = settings.EMAILHUB_IMPORT_MAX_BYTES
+        try:
+            declared = int(request.META.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            declared = 0
+        if declared > limit + 64 * 1024:  # refused before the upload is read (multipart framing aside)
+            raise ImportTooLarge(limit)
         data = {"file": request.data.get("file")}
         list_name = request.query_params.get("list", request.data.get("list"))
         if list_name is not None:
@@ -261,17 +261,24 @@ class ContactImportView(APIView):
         upload = ImportUploadSerializer(data=data)
         upload.is_valid(raise_exception=True)
         file = upload.validated_data["file"]
-        stream = io.TextIOWrapper(getattr(file.file, "file", file.file), encoding="utf-8-sig", newline="")
+        if file.size > limit:
+            raise ImportTooLarge(limit)
         try:
-            report = import_contacts(stream, list_name=upload.validated_data.get("list") or None)
+            job = create_import_job(
+                file,
+                filename=file.name or "",
+                list_name=(upload.validated_data.get("list") or "").strip() or None,
+            )
         except ImportFileError as exc:
-            body: dict[str, Any] = {"file": [str(exc)]}
-            if exc.report is not None:  # a failure mid-file: earlier batches are imported
-                body["report"] = ImportReportSerializer(exc.report).data
-            return Response(body, status=status.HTTP_400_BAD_REQUEST)
-        finally:
-            stream.detach()  # Django closes the upload itself
-        return Response(ImportReportSerializer(report).data)
+            raise serializers.ValidationError({"file": [str(exc)]}) from None
+        body = ImportJobSerializer(job, context={"request": request}).data
+        return Response(
+            body, status=status.HTTP_202_ACCEPTED, headers={"Location": body_location(request, job)}
+        )
+
+
+def body_location(request: Request, job: ImportJob) -> str:
+    return request.build_absolute_uri(reverse("import-detail", kwargs={"pk": job.pk}))
 
 
 def _lists() -> QuerySet[ContactList]:

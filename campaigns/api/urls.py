@@ -7,4 +7,5 @@ from django.urls import include, path
 urlpatterns = [
     path("", include("campaigns.api.contacts")),
     path("", include("campaigns.api.campaigns")),
+    path("", include("campaigns.api.imports")),
 ]

@@ -1,14 +1,16 @@
-"""`manage.py import_contacts FILE.csv --list NAME`: stream a CSV of contacts into the database.
+"""`manage.py import_contacts FILE.csv --list NAME`: import a CSV of contacts, with a progress bar.
 
-Semantics (duplicates, empty cells, what a failure mid-file leaves) are those of
-campaigns.importing.import_contacts; this command adds a progress bar and the report.
+The same service as `POST /api/v1/contacts/import` (campaigns.import_jobs): the file is stored as
+an import job and run here, in this process; the report lists every rejected row. If this
+process dies, the job is resumed by a worker (the stalled-import sweep), so `GET
+/api/v1/imports/{id}` shows how it ended.
 """
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from rich.console import Console
@@ -21,7 +23,9 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from campaigns.importing import ImportFileError, ImportReport, import_contacts
+from campaigns import import_jobs
+from campaigns.importing import ImportFileError, ImportReport, Position
+from campaigns.models import ImportIssue, ImportJob
 
 
 class Command(BaseCommand):
@@ -43,22 +47,24 @@ class Command(BaseCommand):
         if list_name is not None and not (0 < len(list_name.strip()) <= 200):
             raise CommandError("--list must be a list name of 1 to 200 characters")
         try:
-            # utf-8-sig: Excel's "CSV UTF-8" starts with a BOM. newline="": csv handles line endings.
-            with path.open(encoding="utf-8-sig", newline="") as stream:
-                report = self._import(stream, path.stat().st_size, list_name and list_name.strip())
+            with path.open("rb") as stream:
+                job = import_jobs.create_import_job(
+                    stream, filename=path.name, list_name=list_name and list_name.strip(), publish=False
+                )
         except ImportFileError as exc:
-            if exc.report is not None:
-                self._print_report(exc.report)
             raise CommandError(f"{file}: {exc}") from None
         except OSError as exc:
             raise CommandError(
                 f"{file}: cannot read it ({exc.strerror}); check the path and its permissions"
             ) from None
-        self._print_report(report)
+        self._run(job)
+        job.refresh_from_db()
+        self._print_report(job)
+        if job.status != ImportJob.Status.COMPLETED:
+            raise CommandError(f"import {job.pk} {job.status}: {job.error or 'taken over by a worker'}")
 
-    def _import(self, stream: TextIO, size: int, list_name: str | None) -> ImportReport:
-        # The bar goes to stderr, so stdout holds only the report. It follows the bytes consumed
-        # from the file (exact to within the decoder's read-ahead of a few kilobytes).
+    def _run(self, job: ImportJob) -> None:
+        # The bar goes to stderr, so stdout holds only the report; it follows the bytes read.
         console = Console(file=getattr(self.stderr, "_out", sys.stderr))
         columns = (
             TextColumn("{task.description}"),
@@ -68,33 +74,30 @@ class Command(BaseCommand):
             TimeRemainingColumn(),
         )
         with Progress(*columns, console=console) as progress:
-            task = progress.add_task("importing", total=size)
+            task = progress.add_task(f"import {job.pk}", total=job.size)
 
-            def on_progress(report: ImportReport) -> None:
+            def on_progress(report: ImportReport, position: Position) -> None:
                 progress.update(
                     task,
-                    completed=stream.buffer.tell(),
+                    completed=position.offset,
                     description=f"{report.rows:,} rows, {report.rejected:,} rejected",
                 )
 
-            return import_contacts(stream, list_name=list_name, on_progress=on_progress)
+            import_jobs.run_import_job(job.pk, on_progress=on_progress)
 
-    def _print_report(self, report: ImportReport) -> None:
+    def _print_report(self, job: ImportJob) -> None:
         write = self.stdout.write
-        for issue in report.rejected_rows:
+        for issue in import_jobs.rejections(job):
             write(f"line {issue.line}: rejected: {issue.reason}")
             if issue.excerpt:
                 write(f"    {issue.excerpt}")
-        if report.rejected > len(report.rejected_rows):
-            write(f"… and {report.rejected - len(report.rejected_rows):,} more rejected rows")
-        for issue in report.duplicate_rows:
+        for issue in import_jobs.rejections(job, ImportIssue.Kind.DUPLICATE):
             write(f"line {issue.line}: {issue.reason}")
-        if report.duplicates > len(report.duplicate_rows):
-            write(f"… and {report.duplicates - len(report.duplicate_rows):,} more duplicate rows")
         summary = (
-            f"{report.rows:,} rows: {report.created:,} contacts created, {report.updated:,} updated, "
-            f"{report.duplicates:,} duplicate rows merged, {report.rejected:,} rejected"
+            f"{job.rows_read:,} rows: {job.rows_created:,} contacts created, {job.rows_updated:,} updated, "
+            f"{job.rows_duplicate:,} duplicate rows merged, {job.rows_rejected:,} rejected"
         )
-        if report.list_name is not None:
-            summary += f"; {report.added_to_list:,} added to list {report.list_name!r}"
-        write(summary, self.style.SUCCESS if not report.rejected else self.style.WARNING)
+        if job.contact_list is not None:
+            summary += f"; {job.added_to_list:,} added to list {job.contact_list.name!r}"
+        summary += f" (import {job.pk})"
+        write(summary, self.style.SUCCESS if not job.rows_rejected else self.style.WARNING)
