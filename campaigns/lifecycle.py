@@ -191,6 +191,31 @@ def cancel(campaign_id: int) -> Campaign:
         if campaign.status in (Status.COMPLETED, Status.CANCELLED, Status.FAILED):
             raise CampaignStateError(f"a {campaign.status} campaign cannot be cancelled")
         with connection.cursor() as cursor:
+            # The units that index its pending work (its start, its local-time slots, its
+            # retries) leave the schedule's sorted set with it, not when a scheduler trips on them.
+            cursor.execute(
+                """
+                SELECT coalesce(array_agg(DISTINCT floor(extract(epoch FROM due_at))::bigint)
+                                FILTER (WHERE status = 'scheduled'), '{}'),
+                       coalesce(array_agg(id) FILTER (WHERE status = 'retry_wait'), '{}')
+                  FROM delivery_message
+                 WHERE campaign_id = %s AND status IN ('scheduled', 'retry_wait')
+                """,
+                [campaign.pk],
+            )
+            slot_epochs, retry_ids = cursor.fetchone()
+            from scheduling.schedule import campaign_unit, message_unit, slot_unit, unindex_after_commit
+
+            units = {campaign_unit(campaign.pk)}
+            units.update(f"c:{campaign.pk}:{epoch}" for epoch in slot_epochs)
+            if campaign.schedule_type == Campaign.ScheduleType.LOCAL_TIME and campaign.local_date:
+                # Fan-out indexes a slot for every timezone's instant, not only those with
+                # recipients; the same function (decided at the campaign's start) names them.
+                from campaigns.fanout import _local_dues
+
+                units.update(slot_unit(campaign.pk, due) for due in set(_local_dues(campaign).values()))
+            units.update(message_unit(message_id) for message_id in retry_ids)
+            unindex_after_commit(sorted(units))
             cursor.execute(
                 """
                 UPDATE delivery_message SET status = 'cancelled', last_error = 'campaign cancelled'

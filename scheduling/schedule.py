@@ -122,6 +122,33 @@ def add(units: Iterable[tuple[str, datetime]], *, redis: redis_lib.Redis | None 
         (redis or client()).zadd(DUE, mapping, lt=True)
 
 
+def remove(units: Iterable[str], *, redis: redis_lib.Redis | None = None) -> int:
+    """Drop units from the index (a cancelled campaign's); return how many were indexed."""
+    members = list(units)
+    removed = 0
+    for start in range(0, len(members), 5000):
+        removed += int((redis or client()).zrem(DUE, *members[start : start + 5000]) or 0)
+    return removed
+
+
+def unindex_after_commit(units: list[str]) -> None:
+    """Drop units once the caller's transaction commits. If Redis is away a unit stays; its
+    dispatch then moves no row (they are no longer `scheduled`), and the reconciler never
+    re-adds it."""
+    from django.db import transaction
+
+    def _remove() -> None:
+        try:
+            remove(units)
+        except redis_lib.RedisError as exc:
+            import logging
+
+            logging.getLogger(__name__).warning("could not unindex %d unit(s) (%s)", len(units), exc)
+
+    if units:
+        transaction.on_commit(_remove)
+
+
 def add_missing(units: list[tuple[str, float]]) -> int:
     """Index units that are not indexed (NX): the reconciler's write. A unit that is being
     dispatched right now may be added again; dispatching it twice moves nothing the second time."""

@@ -9,7 +9,6 @@ from django.db.models import Count, Q
 
 from campaigns.models import Campaign, Priority
 from delivery.models import Message
-from scheduling import schedule
 from scheduling.models import RecurringSchedule
 
 
@@ -50,8 +49,28 @@ def _recurring_rows(status: str | None) -> list[dict[str, Any]]:
     return rows
 
 
+def _audience_size(contact_list_id: int) -> int:
+    """What fan-out would create now: the list's active members whose address is not suppressed."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT count(*) FROM campaigns_listmembership AS lm
+              JOIN campaigns_contact AS c ON c.id = lm.contact_id
+             WHERE lm.contact_list_id = %s AND c.status = 'active'
+               AND NOT EXISTS (SELECT 1 FROM campaigns_suppression AS s WHERE s.email = c.email)
+            """,
+            [contact_list_id],
+        )
+        return int(cursor.fetchone()[0])
+
+
 def _scheduled_rows(status: str | None) -> list[dict[str, Any]]:
-    campaigns = Campaign.objects.exclude(schedule_type=Campaign.ScheduleType.IMMEDIATE).order_by("-id")
+    # Immediate campaigns are shown while they run (sending, or paused mid-send); once finished
+    # they are history, not schedules.
+    campaigns = Campaign.objects.exclude(
+        Q(schedule_type=Campaign.ScheduleType.IMMEDIATE)
+        & ~Q(status__in=[Campaign.Status.SENDING, Campaign.Status.PAUSED])
+    ).order_by("-id")
     if status:
         campaigns = campaigns.filter(status=status)
     campaigns = campaigns.annotate(
@@ -81,33 +100,38 @@ def _scheduled_rows(status: str | None) -> list[dict[str, Any]]:
                 "next_run": _iso(next_due or (c.scheduled_at if c.status == "scheduled" else None)),
                 "last_run": _iso(c.started_at),
                 "status": c.status,
-                "pending_count": c.pending if c.status != "scheduled" else c.total_count,
+                # Before fan-out (a scheduled `at` campaign, or one paused before it started)
+                # there are no messages yet: its audience is what is pending.
+                "pending_count": _audience_size(c.contact_list_id)
+                if c.status in ("scheduled", "paused") and c.started_at is None and not c.pending
+                else c.pending,
             }
         )
     return rows
 
 
 def queue_snapshot() -> dict[str, dict[str, int]]:
-    """Per priority: pending = waiting in the broker queue + due but not yet published;
-    processing = being sent right now."""
-    broker = schedule.client().pipeline()
-    for priority in Priority.values:
-        broker.llen(priority)
-    lengths = dict(zip(Priority.values, broker.execute(), strict=True))
+    """Per priority, in messages (never broker tasks, which carry up to a batch each):
+    pending = `queued` plus due but not yet dispatched (`scheduled`/`retry_wait` with
+    `due_at <= now`); processing = `sending`.
+
+    No index serves `status = 'queued'` (it would cost every fan-out insert), so this is one
+    sequential scan of delivery_message; see docs/scheduling.md for the measured cost."""
     with connection.cursor() as cursor:
         cursor.execute(
             """
             SELECT priority,
-                   count(*) FILTER (WHERE status IN ('scheduled', 'retry_wait') AND due_at <= now()),
+                   count(*) FILTER (WHERE status = 'queued'
+                                       OR (status IN ('scheduled', 'retry_wait') AND due_at <= now())),
                    count(*) FILTER (WHERE status = 'sending')
               FROM delivery_message
-             WHERE status IN ('scheduled', 'retry_wait', 'sending')
+             WHERE status IN ('queued', 'scheduled', 'retry_wait', 'sending')
              GROUP BY priority
             """
         )
-        counts = {priority: (due, sending) for priority, due, sending in cursor.fetchall()}
+        counts = {priority: (pending, sending) for priority, pending, sending in cursor.fetchall()}
     return {
-        p: {"pending": int(lengths[p]) + counts.get(p, (0, 0))[0], "processing": counts.get(p, (0, 0))[1]}
+        p: {"pending": int(counts.get(p, (0, 0))[0]), "processing": int(counts.get(p, (0, 0))[1])}
         for p in Priority.values
     }
 
