@@ -43,6 +43,7 @@ CODES = {
     405: "method_not_allowed",
     406: "not_acceptable",
     409: "conflict",
+    411: "length_required",
     413: "request_too_large",
     415: "unsupported_media_type",
     422: "unprocessable",
@@ -112,7 +113,10 @@ def _django_exception(exc: Exception) -> exceptions.APIException | None:
     """Django's request errors as API exceptions (DRF re-raises them, and Django would answer
     with an HTML 400 page)."""
     if isinstance(exc, RequestDataTooBig):
-        return RequestTooLarge(settings.DATA_UPLOAD_MAX_MEMORY_SIZE, "DATA_UPLOAD_MAX_MEMORY_SIZE")
+        size = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        # It follows EMAILHUB_API_MAX_BODY_BYTES unless set apart; name the one to change.
+        same = size == settings.EMAILHUB_API_MAX_BODY_BYTES
+        return RequestTooLarge(size, "EMAILHUB_API_MAX_BODY_BYTES" if same else "DATA_UPLOAD_MAX_MEMORY_SIZE")
     if isinstance(exc, TooManyFieldsSent):
         error = RequestTooLarge(settings.DATA_UPLOAD_MAX_NUMBER_FIELDS, "DATA_UPLOAD_MAX_NUMBER_FIELDS")
         error.detail = exceptions.ErrorDetail(str(exc), code="request_too_large")
@@ -149,6 +153,14 @@ class ApiErrorMiddleware:
     def __call__(self, request: HttpRequest) -> HttpResponse:
         if not request.path_info.startswith(API_PREFIX):
             return self.get_response(request)
+        if "chunked" in request.META.get("HTTP_TRANSFER_ENCODING", "").lower() and not request.META.get(
+            "CONTENT_LENGTH"
+        ):
+            # Django (and so DRF) reads no body without Content-Length: a chunked body would
+            # silently parse as empty. Say so instead.
+            return _json(
+                411, error_body(411, "send the body with a Content-Length; chunked bodies are not read")
+            )
         refused = self._check_query(request)
         if refused is not None:
             return refused

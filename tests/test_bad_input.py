@@ -394,3 +394,41 @@ def test_a_message_send_at_in_the_past_is_sent_now(api: APIClient) -> None:
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM delivery_outboxevent")
         assert cursor.fetchone()[0] == 1
+
+
+# --- through the real web server ---------------------------------------------------------------
+
+
+def test_through_gunicorn_oversized_chunked_deep_and_unknown_are_json_errors(
+    stack: Any, web_port: int, api_key: Any
+) -> None:
+    import http.client
+
+    stack.start_web(web_port, workers=1, extra_env={"EMAILHUB_API_MAX_BODY_BYTES": "8192"})
+    auth = {"Authorization": f"Bearer {api_key[1]}", "Content-Type": "application/json"}
+
+    def request(
+        method: str, url: str, body: bytes | None = None, *, chunked: bool = False
+    ) -> tuple[int, dict]:
+        connection = http.client.HTTPConnection("127.0.0.1", web_port, timeout=10)
+        try:
+            connection.request(
+                method, url, body=iter([body]) if chunked else body, headers=auth, encode_chunked=chunked
+            )
+            response = connection.getresponse()
+            assert response.getheader("Content-Type", "").startswith("application/json")
+            return response.status, json.loads(response.read())["error"]
+        finally:
+            connection.close()
+
+    big = json.dumps({**VALID, "text": "x" * 10_000}).encode()
+    status, error = request("POST", "/api/v1/messages", big)
+    assert status == 413 and error["limit"] == {"name": "EMAILHUB_API_MAX_BODY_BYTES", "value": 8192}
+    # Django reads no body without Content-Length; a chunked one would have parsed as empty.
+    status, error = request("POST", "/api/v1/messages", big, chunked=True)
+    assert status == 411 and error["code"] == "length_required"
+    status, error = request("POST", "/api/v1/messages", b"[" * 3000 + b"]" * 3000)
+    assert status == 400 and error["limit"]["name"] == "EMAILHUB_API_MAX_JSON_DEPTH"
+    status, error = request("GET", "/api/v1/nowhere")
+    assert status == 404 and error["code"] == "not_found"
+    assert Message.objects.count() == 0
