@@ -13,7 +13,17 @@ from campaigns import lifecycle
 from campaigns.api.validators import STORABLE_JSON_FORMFIELDS
 from campaigns.erasure import erase_contacts, placeholder_for
 from campaigns.exceptions import CampaignStateError
-from campaigns.models import Campaign, Contact, ContactList, ListMembership, Suppression, Template
+from campaigns.models import (
+    Campaign,
+    Contact,
+    ContactList,
+    ImportChunk,
+    ImportIssue,
+    ImportJob,
+    ListMembership,
+    Suppression,
+    Template,
+)
 from campaigns.services import compile_template, contact_context
 from campaigns.templating import TemplateSyntaxError
 
@@ -271,3 +281,41 @@ class CampaignAdmin(admin.ModelAdmin):
     @admin.display(description="done")
     def progress(self, campaign: Campaign) -> str:
         return f"{campaign.percent_done}%"
+
+
+class ImportReadOnlyAdmin(admin.ModelAdmin):
+    """Import jobs are written only by the import task (progress, counters, resume point): shown,
+    never saved, so a form opened mid-import cannot write stale counters back."""
+
+    def has_add_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+
+@admin.register(ImportJob)
+class ImportJobAdmin(ImportReadOnlyAdmin):
+    list_display = (
+        "id", "filename", "contact_list", "status", "rows_read", "rows_created", "rows_updated",
+        "rows_duplicate", "rows_rejected", "created_at",
+    )  # fmt: skip
+    list_filter = ("status",)
+    search_fields = ("filename", "list_name")
+
+
+@admin.register(ImportIssue)
+class ImportIssueAdmin(ImportReadOnlyAdmin):
+    list_display = ("job", "kind", "line", "reason", "excerpt")
+    list_filter = ("kind",)
+    list_select_related = ("job",)
+    search_fields = ("reason", "excerpt")
+
+
+@admin.register(ImportChunk)
+class ImportChunkAdmin(ImportReadOnlyAdmin):
+    """The stored upload, in 1 MiB chunks; the bytes themselves are not shown."""
+
+    list_display = ("job", "seq")
+    fields = ("job", "seq")
+    list_select_related = ("job",)
