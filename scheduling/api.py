@@ -72,8 +72,8 @@ class RecurringScheduleDetail(generics.RetrieveUpdateDestroyAPIView):
 
 class ScheduleDashboard(APIView):
     """Schedules (recurring and one-off) with next/last run and pending messages, and a snapshot
-    of every priority queue: pending (in the broker plus due but not yet published) and
-    processing (being sent)."""
+    of every priority queue in messages: pending (`queued`, plus due but not yet dispatched)
+    and processing (`sending`)."""
 
     @extend_schema(
         parameters=[
