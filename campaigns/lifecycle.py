@@ -33,6 +33,7 @@ PAST_SCHEDULE_GRACE = timedelta(minutes=5)
 # The latest local time on Earth is UTC-12 (Etc/GMT+12); when a wall time has passed there, it
 # has passed in every timezone a contact can have.
 _LATEST_UTC_OFFSET = timedelta(hours=-12)
+_LAST_LOCAL_DATE = date.max - timedelta(days=2)
 
 
 def check_schedule_time(
@@ -54,6 +55,11 @@ def check_schedule_time(
                 f"{scheduled_at.isoformat()} is in the past; give a future instant, or type 'immediate'",
             )
     if schedule_type == Campaign.ScheduleType.LOCAL_TIME and local_date and local_time:
+        if local_date >= _LAST_LOCAL_DATE:
+            # Its instants in the western timezones (and `next_day`) are past datetime's range.
+            raise InvalidSchedule(
+                "local_date", f"{local_date.isoformat()} is too far ahead; give an earlier date"
+            )
         latest = datetime.combine(local_date, local_time, tzinfo=UTC) - _LATEST_UTC_OFFSET
         if latest <= now:
             raise InvalidSchedule(

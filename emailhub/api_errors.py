@@ -21,7 +21,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig, SuspiciousOperation, TooManyFieldsSent
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
 from rest_framework import exceptions
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -152,6 +152,11 @@ class ApiErrorMiddleware:
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         if not request.path_info.startswith(API_PREFIX):
+            # The admin's list filters pass query values to SQL as they are: NUL was a 500 there.
+            refused = self._check_query(request)
+            if refused is not None:
+                message = "; ".join(refused["fields"].popitem()[1])
+                return HttpResponseBadRequest(message, content_type="text/plain; charset=utf-8")
             return self.get_response(request)
         if "chunked" in request.META.get("HTTP_TRANSFER_ENCODING", "").lower() and not request.META.get(
             "CONTENT_LENGTH"
@@ -163,7 +168,7 @@ class ApiErrorMiddleware:
             )
         refused = self._check_query(request)
         if refused is not None:
-            return refused
+            return _json(400, shape(400, refused["fields"]))
         response = self.get_response(request)
         if response.status_code >= 400 and not getattr(response, "streaming", False):
             self._reshape(request, response)
@@ -187,16 +192,18 @@ class ApiErrorMiddleware:
         return _json(500, error_body(500, "internal error; it has been logged"))
 
     @staticmethod
-    def _check_query(request: HttpRequest) -> HttpResponse | None:
+    def _check_query(request: HttpRequest) -> dict[str, Any] | None:
+        """{"fields": …} naming each query parameter that holds text PostgreSQL cannot store."""
+        query = request.META.get("QUERY_STRING", "")
+        if "%00" not in query and "\x00" not in query:
+            return None  # the decoded query cannot hold NUL (Django decodes bad UTF-8 as U+FFFD)
         fields = {}
         for name, values in request.GET.lists():
             for value in [name, *values]:
                 reason = unstorable_reason(value)
                 if reason:
                     fields[name] = [f"query parameter {name!r} {reason}"]
-        if fields:
-            return _json(400, shape(400, fields))
-        return None
+        return {"fields": fields} if fields else None
 
     @staticmethod
     def _reshape(request: HttpRequest, response: HttpResponse) -> None:

@@ -111,6 +111,11 @@ def test_nul_in_a_query_parameter_is_a_400_naming_it(api: APIClient) -> None:
     assert "email" in error["fields"]
 
 
+def test_nul_in_an_admin_list_filter_is_a_400_not_a_500(admin_client: Client) -> None:
+    response = admin_client.get("/admin/campaigns/contact/", {"status": "\x00"})
+    assert response.status_code == 400 and b"U+0000" in response.content
+
+
 @pytest.fixture
 def admin_client(db) -> Client:  # noqa: ANN001
     client = Client()
@@ -363,6 +368,15 @@ def test_a_local_time_that_has_passed_in_every_timezone_is_a_400(api: APIClient)
     )
     campaign.refresh_from_db()
     assert campaign.status == "draft" and Message.objects.count() == 0 and OutboxEvent.objects.count() == 0
+
+
+def test_a_local_date_too_far_ahead_to_compute_is_a_400_not_a_500(api: APIClient) -> None:
+    campaign = _draft(api)
+    body = {"type": "local_time", "local_date": "9999-12-31", "local_time": "23:59"}
+    error = error_of(api.post(f"/api/v1/campaigns/{campaign.pk}/schedule", body, format="json"), 400)
+    assert "local_date" in error["fields"]
+    campaign.refresh_from_db()
+    assert campaign.status == "draft" and OutboxEvent.objects.count() == 0
 
 
 def test_a_local_time_still_ahead_somewhere_is_accepted(api: APIClient) -> None:
