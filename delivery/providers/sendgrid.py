@@ -140,16 +140,19 @@ class SendGridProvider(Provider):
         status = int(getattr(exc, "status_code", 0) or 0)
         body = exc.body.decode("utf-8", "replace") if isinstance(exc.body, bytes) else str(exc.body)
         detail = f"SendGrid {status}: {body[:500]}"
-        details = {"provider": self.name, "status": status, "body": body[:2000]}
         if status in (401, 403):
-            raise ProviderUnavailable(f"{detail} (check SENDGRID_API_KEY)", **details) from exc
+            raise ProviderUnavailable(
+                f"{detail} (check SENDGRID_API_KEY)", provider=self.name, status=status, body=body[:2000]
+            ) from exc
         if status == 429:
             # Rate limited, not down: pause for as long as SendGrid asks.
             headers = getattr(exc, "headers", None)
             retry_after = parse_retry_after(headers.get("Retry-After") if headers else None)
-            raise ProviderThrottled(detail, retry_after=retry_after, **details) from exc
+            raise ProviderThrottled(
+                detail, provider=self.name, status=status, body=body[:2000], retry_after=retry_after
+            ) from exc
         if status >= 500:
-            raise ProviderUnavailable(detail, **details) from exc
+            raise ProviderUnavailable(detail, provider=self.name, status=status, body=body[:2000]) from exc
         if status == 400:
             bad = _rejected_personalizations(body)
             if bad:

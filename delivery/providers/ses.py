@@ -80,13 +80,16 @@ class SESProvider(Provider):
         message = str(error.get("Message", ""))
         status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
         detail = f"SES {status} {code}: {message}"
-        details = {"provider": self.name, "status": status, "body": f"{code}: {message}"}
         if code in THROTTLING or status == 429:
             # Over the account's send rate: SES is up and says "slow down". It sends no
             # Retry-After, so the pause is EMAILHUB_THROTTLE_DEFAULT_SECONDS.
-            raise ProviderThrottled(detail, **details) from exc
+            raise ProviderThrottled(
+                detail, provider=self.name, status=status, body=f"{code}: {message}"
+            ) from exc
         if status >= 500 or code in ACCOUNT_BLOCKED:
-            raise ProviderUnavailable(detail, **details) from exc
+            raise ProviderUnavailable(
+                detail, provider=self.name, status=status, body=f"{code}: {message}"
+            ) from exc
         if code in BAD_RECIPIENT:
             # SES also answers MessageRejected when *our sender* is not verified. That is a
             # configuration fault, not a bad recipient: fail over, never suppress the recipient.

@@ -72,10 +72,10 @@ def record(outcomes: Outcomes) -> None:
                 )
                 _count(moved, cursor.fetchall(), status)
         retried = []
-        for rows, given_back in ((outcomes.retry, 0), (outcomes.deferred, 1)):
-            if not rows:
+        for waiting, given_back in ((outcomes.retry, 0), (outcomes.deferred, 1)):
+            if not waiting:
                 continue
-            ids, due, errors = zip(*rows, strict=True)
+            ids, due, errors = zip(*waiting, strict=True)
             # A campaign cancelled while this batch was in flight gets no retry: the message is
             # cancelled (and counted) instead of waiting for a retry no one would ever claim.
             cursor.execute(
