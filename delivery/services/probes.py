@@ -213,5 +213,5 @@ def run(*, margin: float | None = None, timeout: float | None = None) -> ProbeRe
 
 def state(queue: str) -> dict[str, str]:
     """The queue's probe as stored in Redis (for tests and operators)."""
-    raw = redis_client().hgetall(_key(queue))
+    raw: dict[bytes, bytes] = redis_client().hgetall(_key(queue))  # type: ignore[assignment]
     return {k.decode(): v.decode() for k, v in raw.items()}
