@@ -166,7 +166,7 @@ class ApiErrorMiddleware:
             return _json(
                 411, error_body(411, "send the body with a Content-Length; chunked bodies are not read")
             )
-        refused = self._check_query(request)
+        refused = self._check_query(request) or self._check_headers(request)
         if refused is not None:
             return _json(400, shape(400, refused["fields"]))
         response = self.get_response(request)
@@ -203,6 +203,16 @@ class ApiErrorMiddleware:
                 reason = unstorable_reason(value)
                 if reason:
                     fields[name] = [f"query parameter {name!r} {reason}"]
+        return {"fields": fields} if fields else None
+
+    @staticmethod
+    def _check_headers(request: HttpRequest) -> dict[str, Any] | None:
+        """Headers reach PostgreSQL too (Idempotency-Key): NUL in one is a 400 naming it."""
+        fields = {
+            name: [f"header {name!r} {reason}"]
+            for name, value in request.headers.items()
+            if isinstance(value, str) and (reason := unstorable_reason(value))
+        }
         return {"fields": fields} if fields else None
 
     @staticmethod

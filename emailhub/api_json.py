@@ -24,8 +24,9 @@ from campaigns.api.validators import unstorable_reason
 
 # Strings (with their escapes) removed before the brackets are counted, so "[[[" inside a string
 # is not depth.
-_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
-_NOT_BRACKET = re.compile(rb"[^\[\]{}]")
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)  # "unrolled": 10x faster than (a|b)*
+_NOT_BRACKETS = bytes(range(256)).translate(None, b"[]{}")  # bytes.translate deletes these
+_MAYBE_UNSTORABLE = re.compile(r"\\u(?:0000|[dD][89a-fA-F])")
 _DEPTH_STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
 
 
@@ -53,7 +54,11 @@ def json_depth(body: bytes) -> int:
     """The deepest nesting of arrays and objects in `body`, without recursion (C-speed scans)."""
     if body.count(b"[") + body.count(b"{") == 0:
         return 0
-    brackets = _NOT_BRACKET.sub(b"", _JSON_STRING.sub(b"", body))
+    if b'\\"' in body:  # an escaped quote: find where strings end with the regex
+        outside = _JSON_STRING.sub(b"", body)
+    else:  # no escaped quote: every other piece between quotes is outside the strings
+        outside = b"".join(body.split(b'"')[::2])
+    brackets = outside.translate(None, _NOT_BRACKETS)
     return max(accumulate(map(_DEPTH_STEP.__getitem__, brackets)), default=0)
 
 
@@ -127,7 +132,8 @@ class JSONParser(parsers.JSONParser):
             data = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
         except ValueError as exc:  # JSONDecodeError is a ValueError, and so are ours
             raise ParseError(f"JSON parse error - {exc}") from None
-        errors = unstorable_fields(data)
+        # Valid JSON can only hold NUL or a surrogate as a \u escape, so most bodies skip the walk.
+        errors = unstorable_fields(data) if _MAYBE_UNSTORABLE.search(text) else {}
         if errors:
             raise ValidationError(errors)
         return data

@@ -111,6 +111,12 @@ def test_nul_in_a_query_parameter_is_a_400_naming_it(api: APIClient) -> None:
     assert "email" in error["fields"]
 
 
+def test_nul_in_a_header_that_is_stored_is_a_400_naming_it(api: APIClient) -> None:
+    response = api.post("/api/v1/messages", VALID, format="json", HTTP_IDEMPOTENCY_KEY="k\x001")
+    assert "Idempotency-Key" in error_of(response, 400)["fields"]
+    nothing_written()
+
+
 def test_nul_in_an_admin_list_filter_is_a_400_not_a_500(admin_client: Client) -> None:
     response = admin_client.get("/admin/campaigns/contact/", {"status": "\x00"})
     assert response.status_code == 400 and b"U+0000" in response.content
