@@ -10,7 +10,7 @@ from django.http import HttpRequest
 from django.utils.html import format_html
 
 from campaigns import lifecycle
-from campaigns.api.validators import STORABLE_JSON_FORMFIELDS
+from campaigns.api.validators import STORABLE_JSON_FORMFIELDS, SenderForm
 from campaigns.erasure import erase_contacts, placeholder_for
 from campaigns.exceptions import CampaignStateError
 from campaigns.models import (
@@ -209,6 +209,7 @@ class CampaignAdmin(admin.ModelAdmin):
     """
 
     actions = [start_now, pause, resume, cancel, archive]
+    form = SenderForm  # from_email: exactly one mailbox, as the API requires
     list_display = (
         "name",
         "status",

@@ -7,11 +7,12 @@ from django.http import HttpRequest
 from django_celery_beat.admin import PeriodicTaskAdmin as BeatPeriodicTaskAdmin
 from django_celery_beat.models import PeriodicTask
 
+from campaigns.api.validators import SenderForm
 from scheduling import recurring
 from scheduling.models import RecurringSchedule, ScheduleOccurrence
 
 
-class RecurringScheduleForm(forms.ModelForm):
+class RecurringScheduleForm(SenderForm):  # from_email: exactly one mailbox, as the API requires
     class Meta:
         model = RecurringSchedule
         fields = [

@@ -302,6 +302,30 @@ def test_a_campaign_or_recurring_sender_that_is_not_one_mailbox_is_a_400(api: AP
     assert Campaign.objects.count() == 0 and RecurringSchedule.objects.count() == 0
 
 
+@pytest.mark.parametrize("value", ["evil@example.com Bcc: x@y.z", "a@example.com, b@example.com"])
+def test_admin_campaign_and_recurring_forms_refuse_a_sender_that_is_not_one_mailbox(
+    admin_client: Client, value: str
+) -> None:
+    audience = make_audience(1)
+    template = Template.objects.create(name="t", subject="s", text="x")
+    common = {"name": "c", "template": template.pk, "contact_list": audience.pk, "from_email": value,
+              "priority": "normal"}  # fmt: skip
+    for url, extra in (
+        ("/admin/campaigns/campaign/add/", {"window_hours": 24}),
+        ("/admin/scheduling/recurringschedule/add/", {"cron": "0 9 * * *", "timezone": "UTC",
+                                                      "schedule_type": "immediate", "active": "on"}),
+    ):  # fmt: skip
+        response = admin_client.post(url, {**common, **extra})
+        assert response.status_code == 200, url
+        assert "from_email" in response.context["adminform"].form.errors, url
+    assert Campaign.objects.count() == 0 and RecurringSchedule.objects.count() == 0
+    good = admin_client.post(
+        "/admin/campaigns/campaign/add/",
+        {**common, "window_hours": 24, "from_email": '"Ann, B" <ann@example.org>'},
+    )
+    assert good.status_code == 302 and Campaign.objects.get().from_email == '"Ann, B" <ann@example.org>'
+
+
 @pytest.mark.parametrize(
     ("given", "display", "address"),
     [

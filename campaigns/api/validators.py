@@ -76,6 +76,18 @@ STORABLE_JSON_FORMFIELDS: dict[type[models.Field], dict[str, Any]] = {
 }
 
 
+class SenderForm(forms.ModelForm):
+    """Admin form base for a model with a `from_email`: the API's one-mailbox rule, as a form
+    error (a value the API would refuse would otherwise be sent rewritten by parseaddr)."""
+
+    def clean_from_email(self) -> str:
+        value = self.cleaned_data.get("from_email") or ""
+        try:
+            return validate_mailbox(value, allow_blank=True)
+        except serializers.ValidationError as exc:
+            raise DjangoValidationError([str(message) for message in exc.detail]) from None
+
+
 def no_crlf(value: str) -> str:
     """A header value must not be able to start a new header line."""
     if "\r" in value or "\n" in value:
