@@ -123,7 +123,8 @@ def send_messages(message_ids: Sequence[int]) -> BatchReport:
     ready_in: dict[int, float] = {}
 
     def skipped(email: OutgoingEmail, provider_name: str, error: str, retry_after: float) -> None:
-        last_error[email.message_id] = f"{provider_name}: {error}"
+        if email.message_id not in tried:  # a real provider's error says more than a skip
+            last_error[email.message_id] = f"{provider_name}: {error}"
         ready_in[email.message_id] = min(ready_in.get(email.message_id, retry_after), retry_after)
 
     for provider_name in provider_chain(pool):
