@@ -248,11 +248,11 @@ EMAILHUB_BATCH_SIZES = {
 EMAILHUB_FANOUT_STEP = env_int("EMAILHUB_FANOUT_STEP", 20_000, minimum=1)
 # A sending campaign whose fan-out made no progress this long is handed to a new fan-out task.
 EMAILHUB_FANOUT_STALL_SECONDS = env_float("EMAILHUB_FANOUT_STALL_SECONDS", 60.0, minimum=1.0)
-
-# A scheduler that claimed units and died holds them this long before the reaper returns them.
-EMAILHUB_SCHEDULER_LEASE_SECONDS = env_float("EMAILHUB_SCHEDULER_LEASE_SECONDS", 30.0, minimum=1.0)
 # CSV imports (campaigns.import_jobs): the largest file POST /api/v1/contacts/import stores (it
 # is a multipart or text/csv upload, spooled to a temporary file, not the JSON body limit), and
 # how long a job may go without progress before it is handed to a new run.
 EMAILHUB_IMPORT_MAX_BYTES = env_int("EMAILHUB_IMPORT_MAX_BYTES", 512 * 1024 * 1024, minimum=1024)
 EMAILHUB_IMPORT_STALL_SECONDS = env_float("EMAILHUB_IMPORT_STALL_SECONDS", 60.0, minimum=1.0)
+
+# A scheduler that claimed units and died holds them this long before the reaper returns them.
+EMAILHUB_SCHEDULER_LEASE_SECONDS = env_float("EMAILHUB_SCHEDULER_LEASE_SECONDS", 30.0, minimum=1.0)

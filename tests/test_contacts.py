@@ -458,7 +458,9 @@ def test_contact_is_read_patched_and_deleted_with_its_memberships(api: APIClient
     contact.refresh_from_db()
     assert (contact.name, contact.timezone, contact.status) == ("Ann", "Europe/Paris", "unsubscribed")
     assert contact.attributes == {"plan": "gold"}
-    assert api.patch(url, {"email": "BOB@example.com"}, format="json").json()["error"]["fields"].keys() == {"email"}
+    assert api.patch(url, {"email": "BOB@example.com"}, format="json").json()["error"]["fields"].keys() == {
+        "email"
+    }
     assert api.patch(url, {"email": "ANN@example.com"}, format="json").status_code == 200  # its own
     assert api.put(url, {"email": "x@example.com"}, format="json").status_code == 405
     assert api.delete(url).status_code == 204
