@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 import requests
+from django.conf import settings
 
 from campaigns.models import Suppression
 from delivery.models import Message
@@ -185,4 +186,7 @@ def test_every_provider_down_then_back_sends_every_message_exactly_once(
     )
     expected = [f"crit{n}@example.com" for n in range(20)] + [f"bulk{n}@example.com" for n in range(20)]
     assert sorted(received) == sorted(expected)  # each exactly once, none lost
-    assert all(m.attempts >= 2 for m in Message.objects.filter(pk__in=ids))
+    # Attempts made while every circuit was open are given back (issue 8, item 6): a message counts
+    # only the attempts in which a provider was really called, so the outage spent few of them.
+    attempts = [m.attempts for m in Message.objects.filter(pk__in=ids)]
+    assert all(1 <= n < settings.EMAILHUB_MAX_ATTEMPTS for n in attempts), attempts
