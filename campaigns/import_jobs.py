@@ -18,6 +18,7 @@ both write. Contacts are upserts either way, so nothing is ever duplicated.
 
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
 from collections.abc import Callable, Iterator
@@ -258,7 +259,7 @@ def resume_stalled_imports(stale_seconds: float | None = None) -> int:
             status=Status.PENDING, run_token=None, heartbeat_at=timezone.now()
         )
         for job_id in stalled:
-            transaction.on_commit(lambda job_id=job_id: publish_import(job_id))
+            transaction.on_commit(functools.partial(publish_import, job_id))
     if stalled:
         logger.info("republished %d stalled import(s)", len(stalled))
     return len(stalled)

@@ -47,7 +47,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import BinaryIO
+from typing import IO
 
 from django.core.exceptions import ValidationError
 from django.core.validators import validate_email
@@ -216,7 +216,7 @@ def _decode(number: int, offset: int, raw: bytes) -> _Line:
         return _Line(number, offset, raw.decode("utf-8", "surrogateescape"), fault, size)
 
 
-def stream_chunks(stream: BinaryIO, offset: int = 0) -> Iterator[bytes]:
+def stream_chunks(stream: IO[bytes], offset: int = 0) -> Iterator[bytes]:
     """A seekable binary stream from ``offset``, READ_BYTES at a time."""
     stream.seek(offset)
     while chunk := stream.read(READ_BYTES):
@@ -447,7 +447,7 @@ def run(
 
 
 def import_contacts(
-    stream: BinaryIO,
+    stream: IO[bytes],
     *,
     list_name: str | None = None,
     batch_size: int = BATCH_SIZE,
