@@ -6,7 +6,7 @@ import os
 
 from celery import Celery
 from celery.signals import beat_init, task_prerun
-from kombu import Exchange, Queue
+from kombu import Exchange, Queue, pools
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "emailhub.settings")
 
@@ -23,6 +23,17 @@ app.conf.task_queues = [
     for name in (*PRIORITY_QUEUES, "campaigns", "system")
 ]
 app.autodiscover_tasks()
+
+
+def reset_broker_connections() -> None:
+    """Drop the cached broker connection and producer pools, so the next publish connects to
+    `broker_write_url` as it is set now. The test hook for pointing this process at another
+    broker and back (tests/broker.py): Celery has no public call for it (`app.close()` also
+    deregisters the app and keeps the producer pool), so this does what Celery does after a fork
+    (`Celery._after_fork`), in this one place."""
+    pools.reset()  # kombu's global registry of pools, keyed by connection
+    app._pool = None
+    app.amqp._producer_pool = None
 
 
 @task_prerun.connect

@@ -9,7 +9,8 @@ from contextlib import contextmanager
 from typing import Any
 
 import redis as redis_lib
-from kombu import pools
+
+from emailhub.celery import app, reset_broker_connections
 
 
 def queued_tasks(client: redis_lib.Redis, queue: str, *, probes: bool = False) -> list[tuple[str, list[Any]]]:
@@ -27,19 +28,11 @@ def queued_tasks(client: redis_lib.Redis, queue: str, *, probes: bool = False) -
 @contextmanager
 def broker_unreachable() -> Iterator[None]:
     """Point this process's Celery app at a port where nothing listens, then restore it."""
-    from emailhub.celery import app
-
-    def reset_pools() -> None:
-        # Celery caches its connection pool in kombu's global registry; drop both.
-        pools.reset()
-        app._pool = None
-        app.amqp._producer_pool = None
-
     original = app.conf.broker_write_url
     app.conf.broker_write_url = "redis://127.0.0.1:1/0"
-    reset_pools()
+    reset_broker_connections()
     try:
         yield
     finally:
         app.conf.broker_write_url = original
-        reset_pools()
+        reset_broker_connections()
