@@ -511,7 +511,7 @@ def kill_run(
     args: argparse.Namespace, env: dict[str, str], audience: tuple[int, int, int], number: int
 ) -> dict[str, Any]:
     from campaigns import lifecycle
-    from delivery.models import OutboxEvent
+    from core.models import OutboxEvent
 
     list_id, expected, suppressed = audience
     reset_state()

@@ -6,7 +6,7 @@ Run from the repository root, after `make test` has set up the services:
                                        [--messages 10000] [--outage-seconds 60]
 
 Everything is the real pipeline except the providers' far ends: `queued` rows in PostgreSQL,
-`delivery.send_messages` tasks published with outbox.record_send onto the Redis broker, the
+`delivery.send_messages` tasks published with send_events.record_send onto the Redis broker, the
 standard `worker-bulk` command of scripts/stack.py (concurrency 2) started with env overrides,
 the `scheduler` and gunicorn where a scenario needs them, and the real provider clients (smtplib,
 boto3 sesv2, the sendgrid library) talking to local servers: Postfix `smtp-sink` (C, see
@@ -179,11 +179,11 @@ def new_messages(count: int, tag: str) -> list[int]:
 
 def publish(ids: list[int], batch: int = BATCH) -> None:
     """One outbox event per `batch` ids in one transaction, as the sweeps do; published on commit."""
-    from delivery.services import outbox
+    from delivery.services import send_events
 
     with transaction.atomic():
         for start in range(0, len(ids), batch):
-            outbox.record_send(ids[start : start + batch], "normal")
+            send_events.record_send(ids[start : start + batch], "normal")
 
 
 def query(sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
@@ -357,7 +357,7 @@ class Feeder(threading.Thread):
         self.error: BaseException | None = None
 
     def run(self) -> None:
-        from delivery.services import outbox
+        from delivery.services import send_events
 
         next_at = time.monotonic()
         try:
@@ -366,7 +366,7 @@ class Feeder(threading.Thread):
                     break
                 ids = self.pool[start : start + self.batch]
                 with transaction.atomic():
-                    outbox.record_send(ids, "normal")
+                    send_events.record_send(ids, "normal")
                 self.published.append((time.time(), ids))
                 next_at += self.interval  # a fixed schedule, so slow publishes do not lower the rate
                 self.stopping.wait(max(0.0, next_at - time.monotonic()))

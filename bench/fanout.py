@@ -29,7 +29,7 @@ campaigns.fanout.fan_out(campaign_id) once, as the `campaigns.fan_out` task does
   its PostgreSQL backend (/proc/<backend pid>/stat) over the call: where the time goes;
 - splits the wall time by wrapping, in that process only, what fan_out() calls: the step's
   INSERT … SELECT, the database COMMIT (where the deferred foreign-key checks run),
-  outbox.record_sends and the publishing after commit; a perf_counter pair each, per step.
+  send_events.record_sends and the publishing after commit; a perf_counter pair each, per step.
 The parent then checks: rows == non-suppressed list members, the Redis list `normal` holds exactly
 one task per 100 ids of each step (no worker runs here to consume them), the outbox is empty.
 After the runs, one step is run once more under EXPLAIN (ANALYZE, BUFFERS) in a rolled-back
@@ -263,7 +263,8 @@ def child(campaign_id: int, step: int | None) -> None:
     from django.db import connections
 
     from campaigns import fanout
-    from delivery.services import outbox
+    from core import outbox
+    from delivery.services import send_events
 
     timers = {"step_sql": 0.0, "commit": 0.0, "record_outbox": 0.0, "publish": 0.0}
     tasks = [0]
@@ -278,7 +279,7 @@ def child(campaign_id: int, step: int | None) -> None:
 
         return wrapper
 
-    record_sends = outbox.record_sends
+    record_sends = send_events.record_sends
 
     def counting_record_sends(ids: list[int], priority: str, batch_size: int, **kwargs: Any) -> None:
         tasks[0] += math.ceil(len(ids) / batch_size)
@@ -286,7 +287,7 @@ def child(campaign_id: int, step: int | None) -> None:
 
     # Instrumentation of this process only: fan_out() looks these names up at call time.
     fanout._step = timed("step_sql", fanout._step)
-    outbox.record_sends = timed("record_outbox", counting_record_sends)
+    send_events.record_sends = timed("record_outbox", counting_record_sends)
     # Publishing runs on fan-out's background thread, overlapped with the next step: its time is
     # reported, but it is not on the step's critical path any more.
     outbox._publish_after_commit = timed("publish", outbox._publish_after_commit)
@@ -369,7 +370,8 @@ def one_run(
     args: argparse.Namespace, env: dict[str, str], list_id: int, expected: int, number: int
 ) -> dict[str, Any]:
     from campaigns.models import Campaign
-    from delivery.models import Message, OutboxEvent
+    from core.models import OutboxEvent
+    from delivery.models import Message
 
     reset_state()
     with connection.cursor() as cursor:

@@ -25,7 +25,7 @@ claim     --units due units (`m:<n>`, scored over the past hour) are written onc
           passes. (One COPY or DEL of a 1M-entry set would stall the shared Redis, and whoever
           else uses it, for 0.1-0.4 s; the steps take about a millisecond each.) Three passes per
           run, each timed from the first call to the one that finds the set empty:
-          - `claim`: scheduling.schedule.claim(--batch, 30), what run_scheduler calls: the Lua
+          - `claim`: scheduling.schedule_index.claim(--batch, 30), what run_scheduler calls: the Lua
             script (ZRANGE BYSCORE + ZREM + ZADD to the lease set, Redis TIME) and the parsing
             of the reply into Unit objects;
           - `lua`: the same script through the same client, the reply left as redis-py returns
@@ -39,7 +39,7 @@ dispatch  A run: fresh `scheduler` process(es) (scripts/stack.py PROCESSES, stan
           be counted), --warmup messages due at once (imports, connections; not measured),
           then --messages `scheduled` messages, alternately critical and high, inserted with
           generate_series and due evenly over --spread seconds starting --lead seconds later
-          (10,000 over 6 s: ~1,700 falling due per second), indexed with schedule.add (what the
+          (10,000 over 6 s: ~1,700 falling due per second), indexed with schedule_index.add (what the
           API does after its commit). The bench then waits for the last due time before it
           polls PostgreSQL, so its own queries do not compete with the scheduler meanwhile.
           Lateness = queued_at - due_at per message, from PostgreSQL. queued_at is
@@ -149,13 +149,13 @@ return #items / 2
 
 
 def delete_gently(r: redis.Redis, *keys: str) -> None:
-    from scheduling import schedule
+    from core import schedule_index
 
     for key in keys:
-        if key == schedule.CLAIMS:
+        if key == schedule_index.CLAIMS:
             # Each claim's units live in a list of their own: drop those lists with the index.
             while tokens := r.zrange(key, 0, 999):
-                r.delete(*[schedule.CLAIM_PREFIX + t.decode() for t in tokens])
+                r.delete(*[schedule_index.CLAIM_PREFIX + t.decode() for t in tokens])
                 r.zrem(key, *tokens)
             continue
         while r.zremrangebyrank(key, 0, 5 * STEP - 1):
@@ -187,49 +187,49 @@ def fill_template(r: redis.Redis, units: int) -> float:
 
 def timed_pass(r: redis.Redis, units: int, drain: Callable[[], int]) -> float:
     """Reset the due set from the template and empty the lease set (untimed), time drain()."""
-    from scheduling import schedule
+    from core import schedule_index
 
     # Synchronously and before the clock starts (not UNLINK: its background free would compete
     # with the timed loop for the two cores).
-    delete_gently(r, schedule.DUE, schedule.CLAIMS)
-    copy_gently(r, TEMPLATE_KEY, schedule.DUE)
-    if r.zcard(schedule.DUE) != units:
+    delete_gently(r, schedule_index.DUE, schedule_index.CLAIMS)
+    copy_gently(r, TEMPLATE_KEY, schedule_index.DUE)
+    if r.zcard(schedule_index.DUE) != units:
         raise RuntimeError(
-            f"the due set holds {r.zcard(schedule.DUE)} units after the copy, expected {units}"
+            f"the due set holds {r.zcard(schedule_index.DUE)} units after the copy, expected {units}"
         )
     started = time.perf_counter()
     claimed = drain()
     elapsed = time.perf_counter() - started
-    left = r.zcard(schedule.DUE)
+    left = r.zcard(schedule_index.DUE)
     if claimed != units or left:
         raise RuntimeError(f"claimed {claimed} of {units} units, {left} left in the due set")
     return units / elapsed
 
 
 def drain_with_claim(batch: int) -> int:
-    from scheduling import schedule
+    from core import schedule_index
 
     total = 0
-    while units := schedule.claim(batch, LEASE_SECONDS).units:
+    while units := schedule_index.claim(batch, LEASE_SECONDS).units:
         total += len(units)
     return total
 
 
 def drain_with_lua(batch: int) -> int:
-    from scheduling import schedule
+    from core import schedule_index
 
     # The exact script and call run_scheduler's claim() makes (EVAL over the same client), minus
     # the parsing of the reply into Unit objects: what Redis and the round trip cost alone.
-    client, total = schedule.client(), 0
+    client, total = schedule_index.client(), 0
     while True:
         units, _, _ = client.eval(
-            schedule._CLAIM,
+            schedule_index._CLAIM,
             2,
-            schedule.DUE,
-            schedule.CLAIMS,
+            schedule_index.DUE,
+            schedule_index.CLAIMS,
             batch,
             LEASE_SECONDS,
-            schedule.CLAIM_PREFIX,
+            schedule_index.CLAIM_PREFIX,
             uuid.uuid4().hex,
         )
         if not units:
@@ -238,16 +238,16 @@ def drain_with_lua(batch: int) -> int:
 
 
 def drain_naive(batch: int) -> int:
-    from scheduling import schedule
+    from core import schedule_index
 
     # The source design: read what is due, then remove it. Two round trips, and two claimers can
     # read the same units between them; counted by what ZREM really removed.
-    client, total = schedule.client(), 0
+    client, total = schedule_index.client(), 0
     while True:
-        units = client.zrangebyscore(schedule.DUE, "-inf", time.time(), start=0, num=batch)
+        units = client.zrangebyscore(schedule_index.DUE, "-inf", time.time(), start=0, num=batch)
         if not units:
             return total
-        total += client.zrem(schedule.DUE, *units)
+        total += client.zrem(schedule_index.DUE, *units)
 
 
 CLAIM_METHODS: dict[str, Callable[[int], int]] = {
@@ -258,7 +258,7 @@ CLAIM_METHODS: dict[str, Callable[[int], int]] = {
 
 
 def bench_claims(args: argparse.Namespace, r: redis.Redis) -> list[dict[str, float]]:
-    from scheduling import schedule
+    from core import schedule_index
 
     print(f"\n== claim: {args.units:,} due units, batches of {args.batch}, {args.runs} run(s)", flush=True)
     fill_seconds = fill_template(r, args.units)
@@ -283,7 +283,7 @@ def bench_claims(args: argparse.Namespace, r: redis.Redis) -> list[dict[str, flo
             f"{result['lua']:,.0f}/s, ZRANGEBYSCORE+ZREM {result['naive']:,.0f}/s",
             flush=True,
         )
-    delete_gently(r, TEMPLATE_KEY, schedule.DUE, schedule.CLAIMS)
+    delete_gently(r, TEMPLATE_KEY, schedule_index.DUE, schedule_index.CLAIMS)
     return runs
 
 
@@ -292,7 +292,7 @@ def bench_claims(args: argparse.Namespace, r: redis.Redis) -> list[dict[str, flo
 
 def insert_scheduled(count: int, first_due: float, spread: float, tag: str) -> list[int]:
     """Insert `count` scheduled messages due evenly from `first_due` over `spread` s; index them."""
-    from scheduling import schedule
+    from core import schedule_index
 
     with connection.cursor() as cursor:
         cursor.execute(
@@ -308,12 +308,12 @@ def insert_scheduled(count: int, first_due: float, spread: float, tag: str) -> l
         )
         rows = cursor.fetchall()
     # What the API does after its commit (index_after_commit): one ZADD of all the units.
-    schedule.add([(schedule.message_unit(message_id), due_at) for message_id, due_at in rows])
+    schedule_index.add([(schedule_index.message_unit(message_id), due_at) for message_id, due_at in rows])
     return [message_id for message_id, _ in rows]
 
 
 def wait_until_queued(ids: list[int], timeout: float, poll: float) -> None:
-    from scheduling import schedule
+    from core import schedule_index
 
     deadline = time.monotonic() + timeout
     with connection.cursor() as cursor:
@@ -324,12 +324,12 @@ def wait_until_queued(ids: list[int], timeout: float, poll: float) -> None:
                 [ids],
             )
             scheduled, outbox = cursor.fetchone()
-            if scheduled == 0 and outbox == 0 and schedule.sizes() == {"due": 0, "leased": 0}:
+            if scheduled == 0 and outbox == 0 and schedule_index.sizes() == {"due": 0, "leased": 0}:
                 return
             if time.monotonic() > deadline:
                 raise RuntimeError(
                     f"after {timeout:.0f}s: {scheduled} still scheduled, {outbox} outbox row(s), "
-                    f"index {schedule.sizes()} (see {LOG_DIR})"
+                    f"index {schedule_index.sizes()} (see {LOG_DIR})"
                 )
             time.sleep(poll)
 

@@ -10,7 +10,6 @@ from django.http import HttpRequest
 from django.utils.html import format_html
 
 from campaigns import lifecycle
-from campaigns.api.validators import STORABLE_JSON_FORMFIELDS, SenderForm
 from campaigns.erasure import erase_contacts, placeholder_for
 from campaigns.exceptions import CampaignStateError
 from campaigns.models import (
@@ -25,7 +24,8 @@ from campaigns.models import (
     Template,
 )
 from campaigns.services import compile_template, contact_context
-from campaigns.templating import TemplateSyntaxError
+from core.templating import TemplateSyntaxError
+from core.validators import STORABLE_JSON_FORMFIELDS, SenderForm
 
 
 @admin.register(Contact)

@@ -28,9 +28,9 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from campaigns.models import Campaign
-from delivery.services import outbox
+from core.schedule_index import index_after_commit, slot_unit
+from delivery.services import send_events
 from scheduling.localtime import due_by_timezone
-from scheduling.schedule import index_after_commit, slot_unit
 
 logger = logging.getLogger(__name__)
 
@@ -142,7 +142,7 @@ def _fan_out(
                 # Index the slots (a few dozen at most); re-adding an indexed one changes nothing.
                 index_after_commit([(slot_unit(campaign.pk, due), due) for due in set(zones.values())])
             elif ids:
-                outbox.record_sends(
+                send_events.record_sends(
                     ids,
                     campaign.priority,
                     settings.EMAILHUB_BATCH_SIZES[campaign.priority],

@@ -13,9 +13,17 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from campaigns import fanout_events
 from campaigns.exceptions import CampaignStateError, InvalidSchedule
 from campaigns.models import Campaign
-from delivery.services import outbox
+from core.schedule_index import (
+    campaign_unit,
+    index_after_commit,
+    message_unit,
+    slot_unit,
+    unindex_after_commit,
+)
+from delivery.services import send_events
 
 Status = Campaign.Status
 # `optimized` (send-time optimization) is not built yet and is refused.
@@ -119,11 +127,9 @@ def schedule(
         ):
             campaign.status = Status.SENDING
             campaign.started_at = now
-            outbox.record_fan_out(campaign.pk)
+            fanout_events.record_fan_out(campaign.pk)
         elif scheduled_at is not None:  # `at` in the future (checked above: `at` needs scheduled_at)
             campaign.status = Status.SCHEDULED
-            from scheduling.schedule import campaign_unit, index_after_commit
-
             index_after_commit([(campaign_unit(campaign.pk), scheduled_at)])
         campaign.save()
     return campaign
@@ -155,7 +161,7 @@ def start_campaigns(campaign_ids: list[int]) -> list[int]:
         )
         started = [row[0] for row in cursor.fetchall()]
         for campaign_id in started:
-            outbox.record_fan_out(campaign_id)
+            fanout_events.record_fan_out(campaign_id)
     return started
 
 
@@ -185,7 +191,7 @@ def resume(campaign_id: int) -> Campaign:
         else:
             campaign.status = Status.SENDING
             campaign.started_at = campaign.started_at or timezone.now()
-            outbox.record_fan_out(campaign.pk, requeue=True)
+            fanout_events.record_fan_out(campaign.pk, requeue=True)
         campaign.save(update_fields=["status", "started_at", "updated_at"])
     return campaign
 
@@ -210,8 +216,6 @@ def cancel(campaign_id: int) -> Campaign:
                 [campaign.pk],
             )
             slot_epochs, retry_ids = cursor.fetchone()
-            from scheduling.schedule import campaign_unit, message_unit, slot_unit, unindex_after_commit
-
             units = {campaign_unit(campaign.pk)}
             units.update(f"c:{campaign.pk}:{epoch}" for epoch in slot_epochs)
             if campaign.schedule_type == Campaign.ScheduleType.LOCAL_TIME and campaign.local_date:
@@ -302,7 +306,7 @@ def requeue_queued(campaign_id: int, step: int = 50_000) -> int:
             step_end, ids = cursor.fetchone()
             if step_end is None:
                 return total
-            outbox.record_sends(ids, campaign.priority, batch)
+            send_events.record_sends(ids, campaign.priority, batch)
         last_id, total = step_end, total + len(ids)
 
 
@@ -326,6 +330,6 @@ def resume_stalled_fanouts(stale_seconds: float | None = None) -> int:
             .values_list("pk", flat=True)[:100]
         )
         for campaign_id in stalled:
-            outbox.record_fan_out(campaign_id)
+            fanout_events.record_fan_out(campaign_id)
         Campaign.objects.filter(pk__in=stalled).update(updated_at=timezone.now())
     return len(stalled)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models.functions import Now
 
 from campaigns.timezones import validate_timezone
+from core.templating import TemplateSyntaxError, check_syntax
 
 
 class Priority(models.TextChoices):
@@ -97,7 +99,7 @@ class Suppression(models.Model):
 
 
 class Template(models.Model):
-    """Subject, HTML and text with ``{{ variable }}`` placeholders (see campaigns.templating)."""
+    """Subject, HTML and text with ``{{ variable }}`` placeholders (see core.templating)."""
 
     name = models.SlugField(max_length=100, unique=True)
     subject = models.CharField(max_length=998)
@@ -115,11 +117,8 @@ class Template(models.Model):
         return self.name
 
     def clean(self) -> None:
-        """Every placeholder must parse (the admin calls this; the API checks the same)."""
-        from django.core.exceptions import ValidationError
-
-        from campaigns.templating import TemplateSyntaxError, check_syntax
-
+        """Every placeholder must parse and the subject is one line: the one template rule
+        (the admin's form runs it, and the API's TemplateSerializer on the template as edited)."""
         errors = {}
         for field in ("subject", "html", "text"):
             try:

@@ -8,7 +8,7 @@ from django.db import connection, transaction
 from django.db.models import ProtectedError
 
 from campaigns.models import Contact, ContactList, ListMembership, Template
-from campaigns.templating import EmailTemplate
+from core.templating import EmailTemplate
 
 
 def compile_template(template: Template) -> EmailTemplate:

@@ -7,36 +7,12 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
+from core.admin import ReadOnlyAdmin
 from delivery.authentication import revoke_api_key
-from delivery.models import ApiKey, ApiKeyScope, EmailEvent, Message, OutboxEvent
+from delivery.models import ApiKey, ApiKeyScope, EmailEvent, Message
 from delivery.selectors import provider_chains, provider_health
 from delivery.services import operator
 from delivery.services.operator import OperatorReport
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """Shown, never written: no Add, no Save, no Delete (a POST to the change page is a 403).
-
-    A saved form writes back every field it showed, including what a worker changed after the
-    page was opened: Save on a `retry_wait` message the worker had sent meanwhile put it back in
-    `retry_wait` and sent it twice (issue 8). Operators act through the actions, which call the
-    conditional-UPDATE services of delivery.services.operator.
-    """
-
-    def has_add_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
-
-    def has_operate_permission(self, request: HttpRequest) -> bool:
-        """Who may run the actions: whoever Django's "change" permission names (a superuser,
-        or staff granted it), even though the form itself never saves."""
-        meta = self.model._meta
-        return request.user.has_perm(f"{meta.app_label}.change_{meta.model_name}")
 
 
 def _report(modeladmin: admin.ModelAdmin, request: HttpRequest, verb: str, report: OperatorReport) -> None:
@@ -77,14 +53,6 @@ class MessageAdmin(ReadOnlyAdmin):
     # Counting a table of millions on every page is the slow part of the changelist.
     show_full_result_count = False
     list_select_related = False
-
-
-@admin.register(OutboxEvent)
-class OutboxEventAdmin(ReadOnlyAdmin):
-    """The relay's work list: deleting a row would lose the task it announces."""
-
-    list_display = ("id", "kind", "payload", "created_at")
-    list_filter = ("kind",)
 
 
 @admin.register(EmailEvent)

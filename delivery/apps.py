@@ -7,3 +7,6 @@ class DeliveryConfig(AppConfig):
 
     def ready(self) -> None:
         from delivery import checks  # noqa: F401 - registers the system checks
+        from delivery.services import send_events
+
+        send_events.register()

@@ -1,4 +1,4 @@
-"""Messages, their outbox and events, and the API keys that submit them."""
+"""Messages, their events, and the API keys that submit them (the outbox is core's)."""
 
 from __future__ import annotations
 
@@ -158,28 +158,6 @@ class Message(models.Model):
 
     def __str__(self) -> str:
         return f"#{self.pk} to {self.to_email} ({self.status})"
-
-
-class OutboxEvent(models.Model):
-    """A task to publish, written in the same transaction as the change it announces.
-
-    The row is deleted once the task is on the broker; a row that is still here a couple of
-    seconds after its commit is published by the relay (delivery.tasks.relay_outbox).
-    """
-
-    class Kind(models.TextChoices):
-        SEND_MESSAGES = "send_messages"
-        FAN_OUT = "fan_out"
-
-    kind = models.CharField(max_length=20, choices=Kind.choices)
-    payload = models.JSONField()
-    created_at = models.DateTimeField(db_default=Now(), editable=False)
-
-    class Meta:
-        ordering = ["id"]
-
-    def __str__(self) -> str:
-        return f"{self.kind} {self.payload}"
 
 
 class EmailEvent(models.Model):

@@ -7,10 +7,10 @@ import logging
 from celery import shared_task
 from celery.signals import worker_init, worker_process_init, worker_process_shutdown
 
+from core import outbox
 from delivery.breakers import reset_process_state
-from delivery.providers import close_all
-from delivery.services import outbox, probes, sweeps
-from delivery.services.sending import check_provider_settings
+from delivery.providers import check_provider_settings, close_all
+from delivery.services import probes, sweeps
 from delivery.services.sending import send_messages as send_messages_service
 
 logger = logging.getLogger(__name__)

@@ -26,7 +26,7 @@ from rest_framework import exceptions
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from campaigns.api.validators import unstorable_reason
+from core.validators import unstorable_reason
 from emailhub.api_json import RequestTooLarge
 
 logger = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ from django.conf import settings
 from rest_framework import exceptions, parsers, status
 from rest_framework.exceptions import ParseError, ValidationError
 
-from campaigns.api.validators import unstorable_reason
+from core.validators import unstorable_reason
 
 # Strings (with their escapes) removed before the brackets are counted, so "[[[" inside a string
 # is not depth.

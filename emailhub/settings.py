@@ -30,6 +30,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "django_celery_beat",
+    "core",
     "campaigns",
     "delivery",
     "scheduling",
@@ -149,11 +150,20 @@ EMAILHUB_QUEUE_PROBE_MARGIN_SECONDS = env_float("EMAILHUB_QUEUE_PROBE_MARGIN_SEC
 # backlog (then the new one just waits too; only a consumed probe leads to a republish).
 EMAILHUB_QUEUE_PROBE_TIMEOUT_SECONDS = env_float("EMAILHUB_QUEUE_PROBE_TIMEOUT_SECONDS", 600.0, minimum=1.0)
 
-PROVIDER_NAMES = {"smtp", "ses", "sendgrid", "locmem"}
-EMAILHUB_PROVIDERS_TRANSACTIONAL = env_list(
-    "EMAILHUB_PROVIDERS_TRANSACTIONAL", ["smtp"], allowed=PROVIDER_NAMES
+# Provider plug-ins (delivery/providers/): each class declares its name and reads its own
+# settings below. Adding a provider is one module plus its path here. The chains name providers
+# by that name; `manage.py check` (delivery.E001) and worker start-up refuse an unknown one.
+EMAILHUB_PROVIDER_CLASSES = env_list(
+    "EMAILHUB_PROVIDER_CLASSES",
+    [
+        "delivery.providers.smtp.SMTPProvider",
+        "delivery.providers.ses.SESProvider",
+        "delivery.providers.sendgrid.SendGridProvider",
+        "delivery.providers.locmem.LocmemProvider",
+    ],
 )
-EMAILHUB_PROVIDERS_BULK = env_list("EMAILHUB_PROVIDERS_BULK", ["smtp"], allowed=PROVIDER_NAMES)
+EMAILHUB_PROVIDERS_TRANSACTIONAL = env_list("EMAILHUB_PROVIDERS_TRANSACTIONAL", ["smtp"])
+EMAILHUB_PROVIDERS_BULK = env_list("EMAILHUB_PROVIDERS_BULK", ["smtp"])
 
 SMTP_HOST = env_str("SMTP_HOST", "127.0.0.1")
 SMTP_PORT = env_int("SMTP_PORT", 1025, minimum=1)

@@ -2,12 +2,11 @@ from __future__ import annotations
 
 from django import forms
 from django.contrib import admin
-from django.db import transaction
 from django.http import HttpRequest
 from django_celery_beat.admin import PeriodicTaskAdmin as BeatPeriodicTaskAdmin
 from django_celery_beat.models import PeriodicTask
 
-from campaigns.api.validators import SenderForm
+from core.validators import SenderForm
 from scheduling import recurring
 from scheduling.models import RecurringSchedule, ScheduleOccurrence
 
@@ -20,10 +19,7 @@ class RecurringScheduleForm(SenderForm):  # from_email: exactly one mailbox, as 
         ]  # fmt: skip
 
     def clean_cron(self) -> str:
-        try:
-            return recurring.validate_cron(self.cleaned_data["cron"])
-        except recurring.InvalidCron as exc:
-            raise forms.ValidationError(str(exc)) from None
+        return recurring.clean_cron(self.cleaned_data["cron"])
 
 
 @admin.register(RecurringSchedule)
@@ -37,22 +33,14 @@ class RecurringScheduleAdmin(admin.ModelAdmin):
     def save_model(
         self, request: HttpRequest, obj: RecurringSchedule, form: forms.ModelForm, change: bool
     ) -> None:
+        # last_run and next_run belong to the beat: the service writes only what the operator
+        # changed, locked, and computes next_run again only when the rule changed.
         if not change:
-            recurring.refresh_next_run(obj)
-            obj.save()
+            recurring.create_schedule(obj)
             return
-        # last_run and next_run belong to the beat (recurring.run_due). Write only what the
-        # operator changed, with the row locked so a tick firing it right now finishes first
-        # (its SKIP LOCKED then passes over us); next_run is recomputed only when the rule changed.
-        fields = [f for f in form.changed_data if f not in self.readonly_fields]
-        if not fields:
-            return
-        with transaction.atomic():
-            RecurringSchedule.objects.select_for_update().filter(pk=obj.pk).first()
-            if {"cron", "timezone", "active"} & set(fields):
-                recurring.refresh_next_run(obj)
-                fields.append("next_run")
-            obj.save(update_fields=[*fields, "updated_at"])
+        changes = {f: form.cleaned_data[f] for f in form.changed_data if f not in self.readonly_fields}
+        if changes:
+            recurring.update_schedule(obj.pk, changes)
 
 
 @admin.register(ScheduleOccurrence)

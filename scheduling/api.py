@@ -11,9 +11,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from campaigns.api.validators import validate_mailbox
 from campaigns.models import Campaign, ContactList, Template
-from campaigns.timezones import validate_timezone
+from core.validators import validate_mailbox
 from scheduling import recurring
 from scheduling.models import RecurringSchedule
 from scheduling.selectors import schedules_page
@@ -22,7 +21,7 @@ from scheduling.selectors import schedules_page
 class RecurringScheduleSerializer(serializers.ModelSerializer):
     template = serializers.SlugRelatedField(slug_field="name", queryset=Template.objects.all())
     contact_list = serializers.PrimaryKeyRelatedField(queryset=ContactList.objects.all())
-    timezone = serializers.CharField(max_length=64, default="UTC")
+    # `timezone` comes from the model field, with its validator (the one timezone rule).
     schedule_type = serializers.ChoiceField(
         choices=[Campaign.ScheduleType.IMMEDIATE], default=Campaign.ScheduleType.IMMEDIATE
     )
@@ -39,25 +38,13 @@ class RecurringScheduleSerializer(serializers.ModelSerializer):
         return validate_mailbox(value, allow_blank=True)
 
     def validate_cron(self, value: str) -> str:
-        try:
-            return recurring.validate_cron(value)
-        except recurring.InvalidCron as exc:
-            raise serializers.ValidationError(str(exc)) from None
+        return recurring.clean_cron(value)
 
-    def validate_timezone(self, value: str) -> str:
-        from django.core.exceptions import ValidationError
+    def create(self, validated_data: dict[str, Any]) -> RecurringSchedule:
+        return recurring.create_schedule(RecurringSchedule(**validated_data))
 
-        try:
-            validate_timezone(value)
-        except ValidationError as exc:
-            raise serializers.ValidationError(exc.messages) from None
-        return value
-
-    def save(self, **kwargs: Any) -> RecurringSchedule:
-        schedule = super().save(**kwargs)
-        recurring.refresh_next_run(schedule)
-        schedule.save(update_fields=["next_run"])
-        return schedule
+    def update(self, instance: RecurringSchedule, validated_data: dict[str, Any]) -> RecurringSchedule:
+        return recurring.update_schedule(instance.pk, validated_data)
 
 
 class RecurringScheduleList(generics.ListCreateAPIView):

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import logging
 
-from django.db import connection, transaction
+from django.db import transaction
 
-from delivery.services import outbox
-from scheduling.schedule import Unit, index_after_commit, message_unit
+from campaigns.lifecycle import start_campaigns
+from core.schedule_index import Unit, index_after_commit, message_unit
+from delivery.services import send_events, transitions
 
 logger = logging.getLogger(__name__)
 
@@ -23,44 +24,15 @@ def dispatch(units: list[Unit]) -> int:
     slots = [(u.id, u.due_epoch) for u in units if u.kind == "c"]
     campaigns = [u.id for u in units if u.kind == "a"]
     queued: list[tuple[int, str]] = []
-    with transaction.atomic(), connection.cursor() as cursor:
+    with transaction.atomic():
         if message_ids:
-            # Only rows that are due: a unit can come early (the reconciler read a retry just
-            # before it was rescheduled later, and the index keeps the earlier score).
-            cursor.execute(
-                """
-                UPDATE delivery_message SET status = 'queued', queued_at = clock_timestamp()
-                 WHERE id = ANY(%s) AND status IN ('scheduled', 'retry_wait')
-                   AND due_at <= clock_timestamp() + interval '1 second'
-                RETURNING id, priority
-                """,
-                [message_ids],
-            )
-            queued += cursor.fetchall()
-            moved = {message_id for message_id, _ in queued}
-            cursor.execute(
-                """
-                SELECT id, due_at FROM delivery_message
-                 WHERE id = ANY(%s) AND status IN ('scheduled', 'retry_wait')
-                """,
-                [[i for i in message_ids if i not in moved]],
-            )
-            early = cursor.fetchall()
+            moved, early = transitions.queue_due(message_ids)
+            queued += moved
             if early:  # back in the index at their real time
                 index_after_commit([(message_unit(message_id), due) for message_id, due in early])
         for campaign_id, epoch in slots:
-            cursor.execute(
-                """
-                UPDATE delivery_message SET status = 'queued', queued_at = clock_timestamp()
-                 WHERE status = 'scheduled' AND due_at = to_timestamp(%s) AND campaign_id = %s
-                RETURNING id, priority
-                """,
-                [epoch, campaign_id],
-            )
-            queued += cursor.fetchall()
+            queued += transitions.queue_slot(campaign_id, epoch)
         if campaigns:
-            from campaigns.lifecycle import start_campaigns
-
             start_campaigns(campaigns)
-        outbox.record_sends_by_priority(queued)
+        send_events.record_sends_by_priority(queued)
     return len(queued)

@@ -24,10 +24,10 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from django.db import connection, transaction
-
-from delivery.services import outbox, probes
-from scheduling import schedule
+from campaigns.models import Campaign
+from core import schedule_index
+from delivery.selectors import pending_message_units
+from delivery.services import probes, transitions
 
 logger = logging.getLogger(__name__)
 
@@ -46,27 +46,18 @@ class Reconciled:
 
 def reconcile() -> Reconciled:
     result = Reconciled()
-    result.redis_was_reset = bool(schedule.client().set(MARKER, int(time.time()), nx=True))
-    units: list[tuple[str, float]] = []
-    with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            SELECT 'm:' || id, extract(epoch FROM due_at) FROM delivery_message
-             WHERE status IN ('scheduled', 'retry_wait') AND (campaign_id IS NULL OR status = 'retry_wait')
-            UNION ALL
-            SELECT 'c:' || campaign_id || ':' || extract(epoch FROM due_at)::bigint, extract(epoch FROM due_at)
-              FROM delivery_message WHERE status = 'scheduled' AND campaign_id IS NOT NULL
-             GROUP BY campaign_id, due_at
-            UNION ALL
-            SELECT 'a:' || id, extract(epoch FROM scheduled_at) FROM campaigns_campaign
-             WHERE status = 'scheduled' AND scheduled_at IS NOT NULL
-            """
-        )
-        units = [(unit, float(score)) for unit, score in cursor.fetchall()]
+    result.redis_was_reset = bool(schedule_index.client().set(MARKER, int(time.time()), nx=True))
+    units = pending_message_units()
+    units += [
+        (schedule_index.campaign_unit(campaign_id), scheduled_at.timestamp())
+        for campaign_id, scheduled_at in Campaign.objects.filter(
+            status=Campaign.Status.SCHEDULED, scheduled_at__isnull=False
+        ).values_list("pk", "scheduled_at")
+    ]
     for start in range(0, len(units), 5000):
-        result.units_added += schedule.add_missing(units[start : start + 5000])
+        result.units_added += schedule_index.add_missing(units[start : start + 5000])
     if result.redis_was_reset:
-        result.republished = republish_queued()
+        result.republished = transitions.republish_queued()
         logger.warning(
             "Redis had lost its data: re-indexed %d unit(s), republished %d queued message(s)",
             result.units_added,
@@ -77,30 +68,3 @@ def reconcile() -> Reconciled:
     report = probes.run()
     result.stranded_republished, result.probes_published = report.republished, report.published
     return result
-
-
-def republish_queued(step: int = 50_000) -> int:
-    """Publish send tasks again for every `queued` message, in keyset steps, moving their
-    `queued_at` with the outbox events (the probes' rule: see delivery/services/probes.py)."""
-    last_id, total = 0, 0
-    while True:
-        with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute(
-                """
-                WITH step AS (
-                    SELECT id FROM delivery_message WHERE status = 'queued' AND id > %s ORDER BY id LIMIT %s
-                ), moved AS (
-                    UPDATE delivery_message AS m SET queued_at = clock_timestamp()
-                      FROM step WHERE m.id = step.id AND m.status = 'queued'
-                    RETURNING m.id, m.priority
-                )
-                SELECT (SELECT max(id) FROM step), coalesce((SELECT array_agg(id ORDER BY id) FROM moved), '{}'),
-                       coalesce((SELECT array_agg(priority ORDER BY id) FROM moved), '{}')
-                """,
-                [last_id, step],
-            )
-            step_end, ids, priorities = cursor.fetchone()
-            if step_end is None:
-                return total
-            outbox.record_sends_by_priority(zip(ids, priorities, strict=True))
-        last_id, total = step_end, total + len(ids)

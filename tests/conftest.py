@@ -39,17 +39,17 @@ def smtp(smtp_server: SMTPTestServer, settings) -> Iterator[SMTPTestServer]:  # 
 @pytest.fixture(autouse=True)
 def redis() -> Iterator[redis_lib.Redis]:
     """The test Redis database, empty: no queued task, breaker or bucket leaks between tests."""
+    from core import schedule_index
     from delivery import breakers
-    from scheduling import schedule
 
     client = redis_lib.Redis.from_url(settings.REDIS_URL)
     client.flushdb()
     breakers.reset_process_state()
-    schedule.reset_client()
+    schedule_index.reset_client()
     yield client
     client.flushdb()
     breakers.reset_process_state()
-    schedule.reset_client()
+    schedule_index.reset_client()
     client.close()
 
 

@@ -14,10 +14,12 @@ from django.urls import reverse
 from django.utils import timezone
 
 from campaigns.models import Campaign, Contact, ContactList, Suppression, Template
-from delivery.models import Message, MessageStatus, OutboxEvent
+from core import schedule_index
+from core.models import OutboxEvent
+from delivery.models import Message, MessageStatus
 from delivery.services.sending import send_messages
 from delivery.testing.smtp_server import SMTPTestServer
-from scheduling import dispatch, schedule
+from scheduling import dispatch
 from scheduling.models import RecurringSchedule, ScheduleOccurrence
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -98,15 +100,15 @@ def test_save_on_an_open_retry_wait_page_after_the_worker_sent_it_changes_nothin
         to_email="ann@example.com", subject="Hi", text="hello", priority="high",
         status=MessageStatus.RETRY_WAIT, due_at=due, attempts=1, last_error="smtp: 451 try later",
     )  # fmt: skip
-    schedule.add([(schedule.message_unit(message.pk), due)])
+    schedule_index.add([(schedule_index.message_unit(message.pk), due)])
     page = admin_client.get(change_url(message))
     assert page.status_code == 200
     form = form_of(page.content.decode())
 
     # The scheduler dispatches the retry and a worker sends it while the page is open.
-    claim = schedule.claim(100, 30)
+    claim = schedule_index.claim(100, 30)
     assert dispatch.dispatch(claim.units) == 1
-    schedule.ack(claim)
+    schedule_index.ack(claim)
     assert send_messages([message.pk]).sent == 1
     sent = Message.objects.get(pk=message.pk)
     assert sent.status == "sent" and len(smtp.wait_for(1)) == 1
@@ -119,7 +121,7 @@ def test_save_on_an_open_retry_wait_page_after_the_worker_sent_it_changes_nothin
         "sent", sent.due_at, sent.attempts, sent.sent_at, "ann@example.com",
     )  # fmt: skip
     # Nothing could send it again: no unit in the schedule index, no task waiting in the outbox.
-    assert redis.zcard(schedule.DUE) == 0 and not OutboxEvent.objects.exists()
+    assert redis.zcard(schedule_index.DUE) == 0 and not OutboxEvent.objects.exists()
     assert send_messages([message.pk]).claimed == 0 and smtp.count == 1
 
 
@@ -207,7 +209,7 @@ def test_cancel_moves_campaign_counters_and_drops_schedule_units(
     scheduled = Message.objects.create(
         to_email="ann@example.com", subject="Hi", text="x", priority="high", status="scheduled", due_at=later
     )
-    schedule.add([(schedule.message_unit(scheduled.pk), later)])
+    schedule_index.add([(schedule_index.message_unit(scheduled.pk), later)])
     running = campaign("sending", total_count=2, sent_count=1, fanout_done=True)
     queued = Message.objects.create(
         to_email="bob@example.com",
@@ -230,7 +232,7 @@ def test_cancel_moves_campaign_counters_and_drops_schedule_units(
     assert Message.objects.get(pk=scheduled.pk).status == "cancelled"
     assert Message.objects.get(pk=queued.pk).status == "cancelled"
     assert Message.objects.get(pk=sent.pk).status == "sent"
-    assert redis.zscore(schedule.DUE, schedule.message_unit(scheduled.pk)) is None
+    assert redis.zscore(schedule_index.DUE, schedule_index.message_unit(scheduled.pk)) is None
     running.refresh_from_db()
     # The last unfinished message was cancelled, so the campaign completes, in the same statement.
     assert (running.cancelled_count, running.status) == (1, "completed")

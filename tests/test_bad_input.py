@@ -21,7 +21,8 @@ from rest_framework.test import APIClient
 from rest_framework.views import APIView
 
 from campaigns.models import Campaign, Contact, Template
-from delivery.models import Message, OutboxEvent
+from core.models import OutboxEvent
+from delivery.models import Message
 from delivery.services.sending import send_messages
 from delivery.testing.smtp_server import SMTPTestServer
 from emailhub.urls import urlpatterns as real_urlpatterns

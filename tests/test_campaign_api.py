@@ -4,7 +4,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from campaigns.models import Campaign, Template
-from delivery.models import OutboxEvent
+from core.models import OutboxEvent
 from tests.campaign_data import make_audience
 
 

@@ -12,7 +12,8 @@ from django.db import connection, transaction
 from campaigns import fanout, lifecycle
 from campaigns.exceptions import CampaignStateError
 from campaigns.models import Campaign, Contact, Suppression
-from delivery.models import Message, OutboxEvent
+from core.models import OutboxEvent
+from delivery.models import Message
 from delivery.services.sending import send_messages
 from delivery.testing.smtp_server import SMTPTestServer
 from tests.broker import queued_tasks

@@ -11,9 +11,9 @@ from django.utils import timezone
 
 from campaigns import fanout, lifecycle
 from campaigns.models import Contact, Suppression
+from core import schedule_index
 from delivery.models import Message
-from delivery.services import outbox
-from scheduling import schedule
+from delivery.services import send_events
 from tests.broker import queued_tasks
 from tests.campaign_data import make_audience, make_campaign
 
@@ -33,7 +33,7 @@ def test_queue_snapshot_pending_counts_queued_messages_not_broker_tasks(api, red
             Message(to_email=f"n{n}@example.com", subject="s", text="t", priority="normal", queued_at=now)
             for n in range(250)
         )
-        outbox.record_sends([m.pk for m in rows], "normal", 100)  # 3 broker tasks for 250 messages
+        send_events.record_sends([m.pk for m in rows], "normal", 100)  # 3 broker tasks for 250 messages
     Message.objects.create(  # due, not yet dispatched: pending too
         to_email="due@example.com", subject="s", text="t", priority="normal", status="scheduled",
         due_at=now - timedelta(seconds=1),
@@ -81,15 +81,15 @@ def test_cancelling_a_local_time_campaign_removes_its_units_from_the_sorted_set(
     campaign = make_campaign(audience)
     lifecycle.schedule(campaign.pk, "local_time", local_date=date(2031, 1, 1), local_time=time(9))
     fanout.fan_out(campaign.pk)
-    slots = [u.decode() for u in redis.zrange(schedule.DUE, 0, -1)]
+    slots = [u.decode() for u in redis.zrange(schedule_index.DUE, 0, -1)]
     # One slot per distinct instant of every timezone (fan-out indexes them all), 3 with rows.
     assert len(slots) > 3 and all(u.startswith(f"c:{campaign.pk}:") for u in slots)
     retrying = Message.objects.filter(campaign=campaign).first()
     Message.objects.filter(pk=retrying.pk).update(status="retry_wait")
-    schedule.add([(schedule.message_unit(retrying.pk), timezone.now() + timedelta(minutes=5))])
+    schedule_index.add([(schedule_index.message_unit(retrying.pk), timezone.now() + timedelta(minutes=5))])
 
     lifecycle.cancel(campaign.pk)
-    assert redis.zrange(schedule.DUE, 0, -1) == []
+    assert redis.zrange(schedule_index.DUE, 0, -1) == []
     assert Message.objects.filter(campaign=campaign, status="cancelled").count() == 6
 
 
@@ -100,4 +100,4 @@ def test_cancelling_a_scheduled_at_campaign_removes_its_start_unit(redis) -> Non
     lifecycle.schedule(other.pk, "at", timezone.now() + timedelta(hours=1))
 
     lifecycle.cancel(campaign.pk)
-    assert [u.decode() for u in redis.zrange(schedule.DUE, 0, -1)] == [f"a:{other.pk}"]
+    assert [u.decode() for u in redis.zrange(schedule_index.DUE, 0, -1)] == [f"a:{other.pk}"]

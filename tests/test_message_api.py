@@ -7,7 +7,8 @@ from django.db import connection
 from rest_framework.test import APIClient
 
 from campaigns.models import Template
-from delivery.models import Message, OutboxEvent
+from core.models import OutboxEvent
+from delivery.models import Message
 from tests.broker import queued_tasks
 
 VALID = {"to": "ann@example.com", "subject": "Your code", "text": "123456", "priority": "critical"}

@@ -6,8 +6,10 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 
-from delivery.models import Message, MessageStatus, OutboxEvent
-from delivery.services import outbox
+from core import outbox
+from core.models import OutboxEvent
+from delivery.models import Message, MessageStatus
+from delivery.services import send_events
 from delivery.services.sweeps import requeue_stale_sending
 from tests.broker import broker_unreachable, queued_tasks
 
@@ -16,7 +18,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def test_event_is_published_after_commit_and_then_deleted(redis) -> None:  # noqa: ANN001
     with transaction.atomic():
-        outbox.record_send([1, 2], "high")
+        send_events.record_send([1, 2], "high")
         assert queued_tasks(redis, "high") == []  # nothing leaves before the commit
     assert queued_tasks(redis, "high") == [("delivery.send_messages", [[1, 2]])]
     assert OutboxEvent.objects.count() == 0
@@ -24,7 +26,7 @@ def test_event_is_published_after_commit_and_then_deleted(redis) -> None:  # noq
 
 def test_rolled_back_transaction_publishes_nothing(redis) -> None:  # noqa: ANN001
     with pytest.raises(RuntimeError), transaction.atomic():
-        outbox.record_send([1], "critical")
+        send_events.record_send([1], "critical")
         raise RuntimeError("rollback")
     assert queued_tasks(redis, "critical") == []
     assert OutboxEvent.objects.count() == 0
@@ -33,7 +35,7 @@ def test_rolled_back_transaction_publishes_nothing(redis) -> None:  # noqa: ANN0
 def test_unreachable_broker_leaves_the_row_for_the_relay(redis) -> None:  # noqa: ANN001
     with broker_unreachable():
         with transaction.atomic():
-            outbox.record_send([7], "critical")
+            send_events.record_send([7], "critical")
     assert OutboxEvent.objects.count() == 1
     OutboxEvent.objects.update(created_at=timezone.now() - timedelta(seconds=10))
     assert outbox.relay() == 1

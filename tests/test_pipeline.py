@@ -7,7 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from delivery.models import Message, OutboxEvent
+from core.models import OutboxEvent
+from delivery.models import Message
 from delivery.testing.smtp_server import SMTPTestServer
 from scripts.stack import Stack
 from tests.conftest import wait_for_status, wait_until

@@ -12,9 +12,10 @@ from django.utils import timezone
 
 from campaigns import lifecycle
 from campaigns.models import Contact
+from core import schedule_index
 from delivery.models import Message
 from delivery.testing.smtp_server import SMTPTestServer
-from scheduling import reconciler, schedule
+from scheduling import reconciler
 from scheduling.localtime import zone
 from scripts.stack import Stack
 from tests.broker import queued_tasks
@@ -88,7 +89,7 @@ def test_four_schedulers_over_50000_due_units_dispatch_each_exactly_once(stack: 
     for n in range(4):
         stack.start("scheduler", key=f"scheduler-{n}")
     wait_until(
-        lambda: schedule.sizes() == {"due": 0, "leased": 0}, 60, "every unit to be dispatched and acked"
+        lambda: schedule_index.sizes() == {"due": 0, "leased": 0}, 60, "every unit to be dispatched and acked"
     )
     wait_until(
         lambda: not Message.objects.filter(status="scheduled").exists(), 30, "every message to be queued"
@@ -110,8 +111,8 @@ def test_a_scheduler_that_died_after_claiming_is_reaped_and_the_mail_goes_once(
         status="scheduled",
         due_at=timezone.now(),
     )
-    schedule.add([(schedule.message_unit(message.pk), message.due_at)])
-    claim = schedule.claim(10, lease_seconds=2)  # this "scheduler" dies here: no dispatch, no ack
+    schedule_index.add([(schedule_index.message_unit(message.pk), message.due_at)])
+    claim = schedule_index.claim(10, lease_seconds=2)  # this "scheduler" dies here: no dispatch, no ack
     assert [u.id for u in claim.units] == [message.pk]
     stack.start("scheduler")
     stack.start("worker-transactional")

@@ -12,8 +12,9 @@ from django.utils import timezone
 
 from campaigns import fanout, lifecycle
 from campaigns.models import Campaign, Contact
+from core import schedule_index
 from delivery.models import Message
-from scheduling import reconciler, recurring, schedule
+from scheduling import reconciler, recurring
 from scheduling.dispatch import dispatch
 from scheduling.localtime import local_due, localize, zone
 from scheduling.models import RecurringSchedule, ScheduleOccurrence
@@ -114,7 +115,7 @@ def test_invalid_cron_is_refused_with_a_clear_message(expression: str) -> None:
 
 def test_one_claim_takes_each_due_unit_once_even_with_concurrent_claimers(redis) -> None:  # noqa: ANN001
     past = timezone.now() - timedelta(seconds=1)
-    schedule.add(
+    schedule_index.add(
         [(f"m:{n}", past) for n in range(5000)] + [("m:future", timezone.now() + timedelta(hours=1))]
     )
     claimed: list[str] = []
@@ -124,7 +125,7 @@ def test_one_claim_takes_each_due_unit_once_even_with_concurrent_claimers(redis)
     def claimer(_: int) -> None:
         nonlocal claims
         while True:
-            claim = schedule.claim(137, lease_seconds=30)
+            claim = schedule_index.claim(137, lease_seconds=30)
             if not claim.units:
                 return
             with lock:
@@ -134,21 +135,21 @@ def test_one_claim_takes_each_due_unit_once_even_with_concurrent_claimers(redis)
     with ThreadPoolExecutor(max_workers=4) as pool:
         list(pool.map(claimer, range(4)))
     assert sorted(claimed) == sorted(f"m:{n}" for n in range(5000))
-    assert schedule.sizes() == {"due": 1, "leased": claims} and claims >= 5000 // 137
+    assert schedule_index.sizes() == {"due": 1, "leased": claims} and claims >= 5000 // 137
 
 
 def test_expired_claims_are_reaped_back_and_acked_ones_are_not(redis) -> None:  # noqa: ANN001
     import time as clock
 
-    schedule.add([("m:1", timezone.now())])
-    acked = schedule.claim(10, lease_seconds=0.01)
-    schedule.add([("m:2", timezone.now()), ("m:3", timezone.now())])
-    schedule.claim(10, lease_seconds=0.01)  # its claimer dies: never acked
-    schedule.ack(acked)
+    schedule_index.add([("m:1", timezone.now())])
+    acked = schedule_index.claim(10, lease_seconds=0.01)
+    schedule_index.add([("m:2", timezone.now()), ("m:3", timezone.now())])
+    schedule_index.claim(10, lease_seconds=0.01)  # its claimer dies: never acked
+    schedule_index.ack(acked)
     clock.sleep(0.05)
-    assert schedule.reap() == 2
-    assert sorted(str(u) for u in schedule.claim(10, 30).units) == ["m:2", "m:3"]
-    assert schedule.reap() == 0
+    assert schedule_index.reap() == 2
+    assert sorted(str(u) for u in schedule_index.claim(10, 30).units) == ["m:2", "m:3"]
+    assert schedule_index.reap() == 0
 
 
 @pytest.mark.django_db(transaction=True)
@@ -161,7 +162,7 @@ def test_dispatching_a_unit_twice_queues_its_message_once(redis) -> None:  # noq
         status="scheduled",
         due_at=timezone.now(),
     )
-    unit = schedule.Unit("m", message.pk)
+    unit = schedule_index.Unit("m", message.pk)
     assert dispatch([unit]) == 1
     assert dispatch([unit]) == 0
     assert queued_tasks(redis, "high") == [("delivery.send_messages", [[message.pk]])]
@@ -172,7 +173,7 @@ def test_a_delayed_message_is_indexed_after_commit(api, redis) -> None:  # noqa:
     send_at = timezone.now() + timedelta(minutes=5)
     body = {"to": "a@example.com", "subject": "later", "text": "t", "send_at": send_at.isoformat()}
     message_id = api.post("/api/v1/messages", body, format="json").json()["id"]
-    assert redis.zscore(schedule.DUE, f"m:{message_id}") == pytest.approx(send_at.timestamp(), abs=0.01)
+    assert redis.zscore(schedule_index.DUE, f"m:{message_id}") == pytest.approx(send_at.timestamp(), abs=0.01)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -194,7 +195,7 @@ def test_flushall_loses_nothing_the_reconciler_rebuilds_the_index_and_the_queues
 
     result = reconciler.reconcile()
     assert result.redis_was_reset and result.units_added == 3 and result.republished == 1
-    assert {m.decode() for m in redis.zrange(schedule.DUE, 0, -1)} == {
+    assert {m.decode() for m in redis.zrange(schedule_index.DUE, 0, -1)} == {
         f"m:{scheduled.pk}",
         f"m:{retrying.pk}",
         f"a:{campaign.pk}",
@@ -209,15 +210,15 @@ def test_a_unit_re_added_by_the_reconciler_while_in_flight_still_sends_once(redi
     message = Message.objects.create(
         to_email="a@example.com", subject="s", text="t", status="scheduled", due_at=timezone.now()
     )
-    schedule.add([(f"m:{message.pk}", message.due_at)])
-    first = schedule.claim(10, 30)  # being dispatched…
+    schedule_index.add([(f"m:{message.pk}", message.due_at)])
+    first = schedule_index.claim(10, 30)  # being dispatched…
     assert reconciler.reconcile().units_added == 1  # …when the reconciler sees the row still scheduled
-    second = schedule.claim(10, 30)
+    second = schedule_index.claim(10, 30)
     assert dispatch(first.units) == 1 and dispatch(second.units) == 0
-    schedule.ack(first)
-    schedule.ack(second)
+    schedule_index.ack(first)
+    schedule_index.ack(second)
     assert queued_tasks(redis, "normal") == [("delivery.send_messages", [[message.pk]])]
-    assert schedule.sizes() == {"due": 0, "leased": 0}
+    assert schedule_index.sizes() == {"due": 0, "leased": 0}
 
 
 @pytest.mark.django_db(transaction=True)
@@ -244,7 +245,7 @@ def test_local_time_campaign_becomes_one_slot_per_distinct_instant(redis) -> Non
     rows = Message.objects.filter(campaign=campaign).select_related("contact")
     assert rows.count() == 600 and {m.status for m in rows} == {"scheduled"}
     assert all(m.due_at == expected[m.contact.timezone] for m in rows)
-    slots = {m.decode() for m in redis.zrange(schedule.DUE, 0, -1)}
+    slots = {m.decode() for m in redis.zrange(schedule_index.DUE, 0, -1)}
     assert {f"c:{campaign.pk}:{int(d.timestamp())}" for d in expected.values()} <= slots
     assert len(slots) < 60  # one unit per distinct instant over ~600 zones, not one per message
     campaign.refresh_from_db()
@@ -299,7 +300,7 @@ def test_two_beats_ticking_at_once_create_one_campaign_per_occurrence(redis) -> 
         and schedule_row.next_run.astimezone(zone("America/New_York")).hour == 9
     )
     # The same occurrence once more (a beat that read the old next_run): nothing new.
-    assert recurring._fire(schedule_row, schedule_row.last_run) is False
+    assert recurring.fire(schedule_row, schedule_row.last_run) is False
 
 
 @pytest.mark.django_db(transaction=True)
@@ -401,9 +402,9 @@ def test_a_unit_that_comes_early_is_re_indexed_at_its_real_due_time(redis) -> No
     message = Message.objects.create(
         to_email="a@example.com", subject="s", text="t", status="retry_wait", due_at=later
     )
-    assert dispatch([schedule.Unit("m", message.pk)]) == 0
+    assert dispatch([schedule_index.Unit("m", message.pk)]) == 0
     assert Message.objects.get(pk=message.pk).status == "retry_wait"
-    assert redis.zscore(schedule.DUE, f"m:{message.pk}") == pytest.approx(later.timestamp(), abs=0.01)
+    assert redis.zscore(schedule_index.DUE, f"m:{message.pk}") == pytest.approx(later.timestamp(), abs=0.01)
 
 
 @pytest.mark.django_db(transaction=True)

@@ -14,12 +14,14 @@ from contextlib import contextmanager
 import pytest
 from django.db import transaction
 from django.utils import timezone
-from kombu import pools
 
-from delivery.models import Message, OutboxEvent
-from delivery.services import outbox, probes
+from core import schedule_index
+from core.models import OutboxEvent
+from delivery.models import Message
+from delivery.services import probes, send_events
 from delivery.testing.smtp_server import SMTPTestServer
-from scheduling import reconciler, schedule
+from emailhub.celery import app, reset_broker_connections
+from scheduling import reconciler
 from scripts.stack import Stack
 from tests.broker import queued_tasks
 from tests.conftest import wait_for_status, wait_until
@@ -55,7 +57,7 @@ def test_a_send_task_deleted_from_the_redis_list_by_hand_is_still_sent(
         message_id = Message.objects.create(
             to_email="lost@example.com", subject="s", text="t", priority="critical", queued_at=timezone.now()
         ).pk
-        outbox.record_send([message_id], "critical")
+        send_events.record_send([message_id], "critical")
     wait_until(lambda: queued_tasks(redis, "critical") != [], 5, "the send task to be published")
     for raw in redis.lrange("critical", 0, -1):  # an operator deletes the send task, not the probe
         if json.loads(raw)["headers"]["task"] == "delivery.send_messages":
@@ -84,7 +86,7 @@ def test_a_long_backlog_in_normal_is_never_republished(
             Message(to_email=f"b{n}@example.com", subject="s", text="t", priority="normal", queued_at=now)
             for n in range(3000)
         )
-        outbox.record_sends([m.pk for m in rows], "normal", 100)
+        send_events.record_sends([m.pk for m in rows], "normal", 100)
     wait_until(lambda: OutboxEvent.objects.count() == 0, 10, "the backlog's tasks to be published")
     assert len(queued_tasks(redis, "normal")) == 30
 
@@ -132,8 +134,6 @@ def _rabbitmqctl(*args: str) -> None:
 @contextmanager
 def _rabbit_broker() -> Iterator[str]:
     """A vhost of our own on the local RabbitMQ, this process's Celery app pointed at it; removed after."""
-    from emailhub.celery import app
-
     try:
         _rabbitmqctl("add_vhost", RABBIT_VHOST)
         _rabbitmqctl("set_permissions", "-p", RABBIT_VHOST, "guest", ".*", ".*", ".*")
@@ -142,18 +142,13 @@ def _rabbit_broker() -> Iterator[str]:
     url = f"amqp://guest:guest@127.0.0.1:5672/{RABBIT_VHOST}"
     original = (app.conf.broker_url, app.conf.broker_write_url, app.conf.broker_read_url)
 
-    def reset_pools() -> None:
-        pools.reset()
-        app._pool = None
-        app.amqp._producer_pool = None
-
     app.conf.broker_url = app.conf.broker_write_url = app.conf.broker_read_url = url
-    reset_pools()
+    reset_broker_connections()
     try:
         yield url
     finally:
         app.conf.broker_url, app.conf.broker_write_url, app.conf.broker_read_url = original
-        reset_pools()
+        reset_broker_connections()
         _rabbitmqctl("delete_vhost", RABBIT_VHOST)
 
 
@@ -178,7 +173,7 @@ def test_a_dispatched_retry_whose_task_was_lost_on_rabbitmq_is_sent_automaticall
             to_email="retry@example.com", subject="s", text="t", priority="critical",
             status="retry_wait", attempts=1, due_at=timezone.now(),
         )  # fmt: skip
-        schedule.add([(schedule.message_unit(message.pk), message.due_at)])
+        schedule_index.add([(schedule_index.message_unit(message.pk), message.due_at)])
         stack.start("scheduler")
         wait_for_status(message.pk, "queued", timeout=20)  # dispatched: its task is on RabbitMQ
         wait_until(lambda: OutboxEvent.objects.count() == 0, 10, "the retry's task to be published")

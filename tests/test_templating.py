@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from campaigns.templating import EmailTemplate, TemplateSyntaxError, check_syntax
+from core.templating import EmailTemplate, TemplateSyntaxError, check_syntax
 
 
 def test_variables_defaults_and_nested_attributes_render() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db.models import ProtectedError
 from django.shortcuts import get_object_or_404
 from django.urls import path
@@ -14,11 +15,10 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from campaigns import lifecycle
-from campaigns.api.validators import validate_mailbox
 from campaigns.exceptions import CampaignStateError, InvalidSchedule
 from campaigns.models import Campaign, Contact, ContactList, Template
 from campaigns.services import compile_template, contact_context
-from campaigns.templating import TemplateSyntaxError, check_syntax
+from core.validators import validate_mailbox
 
 
 class TemplateSerializer(serializers.ModelSerializer):
@@ -28,16 +28,13 @@ class TemplateSerializer(serializers.ModelSerializer):
         read_only_fields = ["id", "created_at", "updated_at"]
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        errors = {}
-        for field in ("subject", "html", "text"):
-            try:
-                check_syntax(attrs.get(field, getattr(self.instance, field, "")) or "")
-            except TemplateSyntaxError as exc:
-                errors[field] = str(exc)
-        if "\n" in (attrs.get("subject") or "") or "\r" in (attrs.get("subject") or ""):
-            errors["subject"] = "must not contain line breaks (CR or LF)"
-        if errors:
-            raise serializers.ValidationError(errors)
+        # The template rules are the model's (Template.clean, which the admin runs too), checked
+        # on the template as this request would leave it.
+        content = {f: attrs.get(f, getattr(self.instance, f, "")) or "" for f in ("subject", "html", "text")}
+        try:
+            Template(**content).clean()
+        except DjangoValidationError as exc:
+            raise serializers.ValidationError(exc.message_dict) from None
         if not isinstance(attrs.get("defaults", {}), dict):
             raise serializers.ValidationError({"defaults": "must be an object of variable: value"})
         return attrs

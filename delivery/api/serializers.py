@@ -8,8 +8,8 @@ from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.validators import validate_email
 from rest_framework import serializers
 
-from campaigns.api.validators import no_crlf, validate_mailbox
 from campaigns.models import Priority, Template
+from core.validators import no_crlf, validate_mailbox
 from delivery.models import Message
 
 

@@ -13,9 +13,10 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from campaigns.models import Template
+from core.schedule_index import index_after_commit, message_unit
 from delivery.exceptions import IdempotencyConflict
 from delivery.models import ApiKey, Message, MessageStatus
-from delivery.services import outbox
+from delivery.services import send_events
 
 
 @dataclass(frozen=True)
@@ -85,10 +86,8 @@ def accept_message(
                 ) from None
             return existing, False
         if scheduled:
-            from scheduling.schedule import index_after_commit, message_unit
-
             assert new.send_at is not None  # `scheduled` means send_at is in the future
             index_after_commit([(message_unit(message.pk), new.send_at)])
         else:
-            outbox.record_send([message.pk], message.priority)
+            send_events.record_send([message.pk], message.priority)
     return message, True

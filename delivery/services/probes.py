@@ -42,10 +42,10 @@ import uuid
 from dataclasses import dataclass, field
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import connection
 
 from delivery.breakers import redis_client
-from delivery.services import outbox
+from delivery.services import transitions
 from emailhub.celery import PRIORITY_QUEUES
 from emailhub.celery import app as celery_app
 
@@ -106,24 +106,6 @@ SELECT extract(epoch FROM least(
        ) - make_interval(secs => %s))
 """
 
-# One statement for every checked queue: a sequential scan of delivery_message (no index
-# serves `status = 'queued'`, and one would cost every fan-out insert); 1M rows: see
-# docs/architecture.md for the measured figure. It runs at most once per probe cycle.
-_STRANDED_SQL = """
-UPDATE delivery_message AS m SET queued_at = clock_timestamp()
- WHERE m.id IN (
-        SELECT s.id FROM delivery_message AS s
-          JOIN unnest(%s::text[], %s::float8[]) AS p(priority, cutoff) ON s.priority = p.priority
-          LEFT JOIN campaigns_campaign AS c ON c.id = s.campaign_id
-         WHERE s.status = 'queued'
-           AND coalesce(s.queued_at, s.created_at) < to_timestamp(p.cutoff)
-           AND (s.campaign_id IS NULL OR c.status = 'sending')
-         LIMIT %s)
-   AND m.status = 'queued'
-RETURNING m.id, m.priority
-"""
-
-
 @dataclass
 class ProbeReport:
     published: list[str] = field(default_factory=list)  # queues that got a new probe
@@ -147,24 +129,6 @@ def current_cutoff(margin: float) -> float:
         return float(cursor.fetchone()[0])
 
 
-def republish_stranded(cutoffs: dict[str, float]) -> dict[str, int]:
-    """Republish `queued` rows of these priorities queued before their cutoff (campaign rows only
-    while the campaign is `sending`); move their `queued_at`. Returns rows by priority."""
-    counts: dict[str, int] = {}
-    if not cutoffs:
-        return counts
-    priorities, values = list(cutoffs), [cutoffs[p] for p in cutoffs]
-    while True:
-        with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute(_STRANDED_SQL, [priorities, values, REPUBLISH_STEP])
-            rows = cursor.fetchall()
-            outbox.record_sends_by_priority(rows)
-        for _, priority in rows:
-            counts[priority] = counts.get(priority, 0) + 1
-        if len(rows) < REPUBLISH_STEP:
-            return counts
-
-
 def run(*, margin: float | None = None, timeout: float | None = None) -> ProbeReport:
     """One tick of the probes (the reconciler calls this): check consumed probes, start new ones."""
     margin = settings.EMAILHUB_QUEUE_PROBE_MARGIN_SECONDS if margin is None else margin
@@ -185,7 +149,7 @@ def run(*, margin: float | None = None, timeout: float | None = None) -> ProbeRe
         elif decision == "check" and old_cutoff:
             cutoffs[queue] = float(old_cutoff)
     report.checked = list(cutoffs)
-    report.republished = republish_stranded(cutoffs)
+    report.republished = transitions.republish_stranded(cutoffs, REPUBLISH_STEP)
     if report.republished:
         logger.warning(
             "republished %d queued message(s) whose send task no longer existed: %s",

@@ -7,25 +7,23 @@ harmless), one query checks suppressions, and one UPDATE per outcome records the
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
 
 from django.conf import settings
-from django.db import connection
 from django.utils import timezone
 
 from campaigns.models import Campaign, Contact, Priority, Template
 from campaigns.services import compile_template, contact_context
-from campaigns.templating import EmailTemplate, TemplateSyntaxError
-from delivery.exceptions import ProviderConfigurationError, ProviderUnavailable
-from delivery.providers import Outcome, OutgoingEmail, get_provider
+from core.templating import EmailTemplate, TemplateSyntaxError
+from delivery.exceptions import ProviderUnavailable
+from delivery.providers import Outcome, OutgoingEmail
 from delivery.services.gateway import ProviderSkipped, send_via
-from delivery.services.recording import Outcomes, record
+from delivery.services.recording import record
+from delivery.services.transitions import ClaimedMessage, Outcomes, claim
 
 logger = logging.getLogger(__name__)
 
@@ -43,43 +41,6 @@ def provider_chain(pool: str) -> list[str]:
     return list(settings.EMAILHUB_PROVIDERS_BULK)
 
 
-# The claim also reports whether each address is suppressed, saving a query per batch.
-_CLAIM_SQL = """
-UPDATE delivery_message AS m
-   SET status = 'sending', attempts = attempts + 1, claimed_at = clock_timestamp()
- WHERE m.id = ANY(%s) AND m.status = 'queued'
-   -- A campaign's messages go only while it is sending: pause and cancel take effect per batch.
-   AND (m.campaign_id IS NULL
-        OR EXISTS (SELECT 1 FROM campaigns_campaign AS c WHERE c.id = m.campaign_id AND c.status = 'sending'))
-RETURNING m.id, m.campaign_id, m.contact_id, m.template_id, m.to_email, m.from_email, m.reply_to,
-          m.subject, m.html, m.text, m.context, m.priority, m.attempts,
-          EXISTS (SELECT 1 FROM campaigns_suppression AS s WHERE s.email = lower(m.to_email))
-"""
-
-_CLAIM_COLUMNS = (
-    "id", "campaign_id", "contact_id", "template_id", "to_email", "from_email", "reply_to",
-    "subject", "html", "text", "context", "priority", "attempts", "suppressed",
-)  # fmt: skip
-
-
-@dataclass
-class ClaimedMessage:
-    id: int
-    campaign_id: int | None
-    contact_id: int | None
-    template_id: int | None
-    to_email: str
-    from_email: str | None
-    reply_to: str | None
-    subject: str | None
-    html: str | None
-    text: str | None
-    context: Any
-    priority: str
-    attempts: int
-    suppressed: bool
-
-
 @dataclass
 class BatchReport:
     claimed: int = 0
@@ -87,17 +48,6 @@ class BatchReport:
     failed: int = 0
     suppressed: int = 0
     retrying: int = 0
-
-
-def claim(message_ids: Sequence[int]) -> list[ClaimedMessage]:
-    with connection.cursor() as cursor:
-        cursor.execute(_CLAIM_SQL, [list(message_ids)])
-        rows = cursor.fetchall()
-    claimed = [ClaimedMessage(**dict(zip(_CLAIM_COLUMNS, row, strict=True))) for row in rows]
-    for message in claimed:
-        if isinstance(message.context, str):  # raw SQL hands back jsonb as text
-            message.context = json.loads(message.context)
-    return claimed
 
 
 def send_messages(message_ids: Sequence[int]) -> BatchReport:
@@ -279,13 +229,3 @@ def _plan_retries(messages: list[ClaimedMessage], errors: dict[int, str], outcom
             outcomes.failed.append((m.id, f"gave up after {m.attempts} attempts; last error: {error}"))
         else:
             outcomes.retry.append((m.id, now + retry_delay(m.attempts), error))
-
-
-def check_provider_settings() -> None:
-    """Build every configured provider once, so a bad setting fails at worker start-up."""
-    for pool in (TRANSACTIONAL, BULK):
-        chain = provider_chain(pool)
-        if not chain:
-            raise ProviderConfigurationError(f"no provider configured for the {pool} pool")
-        for name in chain:
-            get_provider(name)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import logging
-from collections import Counter
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 
-from delivery.services import outbox
-from delivery.services.recording import move_campaign_counters
+from campaigns.progress import move_counters
+from delivery.services import send_events
+from delivery.services.transitions import requeue_stale
 
 logger = logging.getLogger(__name__)
 
@@ -20,34 +20,13 @@ def requeue_stale_sending() -> int:
     Such a message may or may not have reached the provider before the crash; this is the one
     case in which emailhub can send twice, and it is documented as such.
     """
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(
-            """
-            UPDATE delivery_message
-               SET status = CASE WHEN attempts >= %s THEN 'failed' ELSE 'queued' END,
-                   last_error = CASE WHEN attempts >= %s
-                                     THEN 'gave up: its worker died while sending, ' || attempts || ' attempt(s)'
-                                     ELSE last_error END,
-                   queued_at = clock_timestamp()
-             WHERE status = 'sending'
-               AND claimed_at < clock_timestamp() - make_interval(secs => %s)
-            RETURNING id, priority, status, campaign_id
-            """,
-            [
-                settings.EMAILHUB_MAX_ATTEMPTS,
-                settings.EMAILHUB_MAX_ATTEMPTS,
-                settings.EMAILHUB_SENDING_LEASE_SECONDS,
-            ],
+    with transaction.atomic():
+        rows, failed = requeue_stale(
+            lease_seconds=settings.EMAILHUB_SENDING_LEASE_SECONDS,
+            max_attempts=settings.EMAILHUB_MAX_ATTEMPTS,
         )
-        returned = cursor.fetchall()
-        rows = [(message_id, priority) for message_id, priority, status, _ in returned if status == "queued"]
-        failed = Counter(
-            (campaign_id, "failed")
-            for _, _, status, campaign_id in returned
-            if status == "failed" and campaign_id
-        )
-        move_campaign_counters(cursor, failed)
-        outbox.record_sends_by_priority(rows)
+        move_counters(failed)
+        send_events.record_sends_by_priority(rows)
     if rows:
         logger.warning("requeued %d message(s) left in `sending` by a dead worker", len(rows))
     return len(rows)

@@ -17,7 +17,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import close_old_connections
 
-from scheduling import schedule
+from core import schedule_index
 from scheduling.dispatch import dispatch
 
 logger = logging.getLogger(__name__)
@@ -47,21 +47,21 @@ class Command(BaseCommand):
         while not stop.is_set():
             try:
                 if time.monotonic() - last_reap > 1.0:
-                    reaped = schedule.reap()
+                    reaped = schedule_index.reap()
                     if reaped:
                         logger.warning("returned %d unit(s) whose claimer died", reaped)
                     last_reap = time.monotonic()
-                claim = schedule.claim(batch, lease)
+                claim = schedule_index.claim(batch, lease)
                 if claim.units:
                     queued = dispatch(claim.units)
-                    schedule.ack(claim)
+                    schedule_index.ack(claim)
                     logger.info("dispatched %d unit(s), %d message(s)", len(claim.units), queued)
                     continue  # more may be due right now
                 wait = max_sleep if claim.next_due is None else min(max_sleep, claim.next_due - claim.now)
             except Exception:  # noqa: BLE001 - Redis or PostgreSQL away: keep trying, never exit
                 logger.exception("scheduler loop failed; retrying in 1 s")
                 close_old_connections()
-                schedule.reset_client()
+                schedule_index.reset_client()
                 wait = 1.0
             stop.wait(max(wait, 0.001))
         self.stdout.write("scheduler stopped")

@@ -14,6 +14,7 @@ after a reap does nothing the second time (the rows are no longer `scheduled`). 
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from typing import NamedTuple
 
 import redis as redis_lib
 from django.conf import settings
+from django.db import transaction
 
 DUE = "emailhub:schedule:due"
 # Leases are per claim, not per unit: `CLAIMS` scores each claim token by its lease expiry and
@@ -30,6 +32,8 @@ DUE = "emailhub:schedule:due"
 # stats); one RPUSH of 1000 and one ZADD take a fraction of that.
 CLAIMS = "emailhub:schedule:claims"
 CLAIM_PREFIX = "emailhub:schedule:claim:"
+
+logger = logging.getLogger(__name__)
 
 _CLAIM = """
 local t = redis.call('TIME')
@@ -135,15 +139,12 @@ def unindex_after_commit(units: list[str]) -> None:
     """Drop units once the caller's transaction commits. If Redis is away a unit stays; its
     dispatch then moves no row (they are no longer `scheduled`), and the reconciler never
     re-adds it."""
-    from django.db import transaction
 
     def _remove() -> None:
         try:
             remove(units)
         except redis_lib.RedisError as exc:
-            import logging
-
-            logging.getLogger(__name__).warning("could not unindex %d unit(s) (%s)", len(units), exc)
+            logger.warning("could not unindex %d unit(s) (%s)", len(units), exc)
 
     if units:
         transaction.on_commit(_remove)
@@ -188,17 +189,12 @@ def sizes() -> dict[str, int]:
 def index_after_commit(units: list[tuple[str, datetime]]) -> None:
     """Index units once the caller's transaction commits. If Redis is away the rows are still
     in PostgreSQL and the reconciler indexes them on its next run."""
-    from django.db import transaction
 
     def _add() -> None:
         try:
             add(units)
         except redis_lib.RedisError as exc:
-            import logging
-
-            logging.getLogger(__name__).warning(
-                "could not index %d unit(s) (%s); the reconciler will", len(units), exc
-            )
+            logger.warning("could not index %d unit(s) (%s); the reconciler will", len(units), exc)
 
     if units:
         transaction.on_commit(_add)

@@ -4,13 +4,17 @@ On the normal path the task goes to the broker right after the commit and its ou
 deleted, so latency stays low. If the process dies between commit and publish, or the broker
 is unreachable, the row stays and the relay (a beat task every second) publishes it.
 Publishing twice is harmless: every task starts with a conditional claim in PostgreSQL.
+
+The outbox names no app's task: each app registers its event kinds from its AppConfig.ready
+(`register_kind`), saying which task a kind publishes, with which arguments, on which queue.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable
 from concurrent.futures import Executor
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -18,38 +22,65 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from delivery.models import OutboxEvent
+from core.models import OutboxEvent
 from emailhub.celery import app as celery_app
 
 logger = logging.getLogger(__name__)
 
-SEND_MESSAGES_TASK = "delivery.send_messages"
-FAN_OUT_TASK = "campaigns.fan_out"
+Payload = dict[str, Any]
 
 
-def _publish(kind: str, payload: dict[str, Any], producer: Any = None) -> None:
-    if kind == OutboxEvent.Kind.SEND_MESSAGES:
-        celery_app.send_task(
-            SEND_MESSAGES_TASK,
-            args=[payload["ids"]],
-            queue=payload["priority"],
-            retry=False,
-            producer=producer,
-        )
-    elif kind == OutboxEvent.Kind.FAN_OUT:
-        celery_app.send_task(
-            FAN_OUT_TASK,
-            args=[payload["campaign_id"]],
-            kwargs={"requeue": bool(payload.get("requeue"))},
-            queue="campaigns",
-            retry=False,
-            producer=producer,
-        )
-    else:
+@dataclass(frozen=True)
+class EventKind:
+    """How an outbox row of one kind becomes a task: its name, arguments and queue."""
+
+    task_name: str
+    args: Callable[[Payload], list[Any]]
+    queue: Callable[[Payload], str]
+    kwargs: Callable[[Payload], dict[str, Any]] | None = None
+
+
+_kinds: dict[str, EventKind] = {}
+
+
+def register_kind(
+    kind: str,
+    task_name: str,
+    *,
+    args: Callable[[Payload], list[Any]],
+    queue: Callable[[Payload], str],
+    kwargs: Callable[[Payload], dict[str, Any]] | None = None,
+) -> None:
+    """Say how events of `kind` are published. Registering a kind again with the same task
+    replaces it (AppConfig.ready may run twice in tests); another task for it is a mistake."""
+    if len(kind) > OutboxEvent._meta.get_field("kind").max_length:  # type: ignore[operator]
+        raise ValueError(f"outbox event kind {kind!r} is longer than the kind column")
+    known = _kinds.get(kind)
+    if known is not None and known.task_name != task_name:
+        raise ValueError(f"outbox event kind {kind!r} is already registered for {known.task_name}")
+    _kinds[kind] = EventKind(task_name, args, queue, kwargs)
+
+
+def registered_kinds() -> dict[str, str]:
+    """Each registered kind and the task it publishes."""
+    return {kind: spec.task_name for kind, spec in _kinds.items()}
+
+
+def _publish(kind: str, payload: Payload, producer: Any = None) -> None:
+    spec = _kinds.get(kind)
+    if spec is None:
         raise ValueError(f"unknown outbox event kind {kind!r}")
+    celery_app.send_task(
+        spec.task_name,
+        args=spec.args(payload),
+        kwargs=spec.kwargs(payload) if spec.kwargs is not None else None,
+        queue=spec.queue(payload),
+        retry=False,
+        producer=producer,
+    )
 
 
-def _publish_all(events: list[tuple[int, str, dict[str, Any]]], published: list[int]) -> None:
+def _publish_all(events: list[tuple[int, str, Payload]], published: list[int]) -> None:
     """Publish over one producer connection, appending each id that went out to `published`;
     a failure stops the loop and propagates, `published` still says what went out."""
     with celery_app.producer_or_acquire() as producer:
@@ -58,7 +89,7 @@ def _publish_all(events: list[tuple[int, str, dict[str, Any]]], published: list[
             published.append(event_id)
 
 
-def _publish_after_commit(events: list[tuple[int, str, dict[str, Any]]]) -> None:
+def _publish_after_commit(events: list[tuple[int, str, Payload]]) -> None:
     published: list[int] = []
     try:
         _publish_all(events, published)
@@ -75,7 +106,7 @@ def _delete(event_ids: list[int]) -> None:
         cursor.execute("DELETE FROM delivery_outboxevent WHERE id = ANY(%s)", [event_ids])
 
 
-def record_many(events: list[tuple[str, dict[str, Any]]], *, publisher: Executor | None = None) -> None:
+def record_many(events: list[tuple[str, Payload]], *, publisher: Executor | None = None) -> None:
     """Record events in the caller's transaction (one INSERT) and publish them after it commits.
 
     With `publisher` (an executor), publishing happens on its thread, so the caller can go on
@@ -84,6 +115,10 @@ def record_many(events: list[tuple[str, dict[str, Any]]], *, publisher: Executor
     """
     if not events:
         return
+    for kind, _ in events:
+        if kind not in _kinds:
+            # Refused before the row exists: the relay could never publish it.
+            raise ValueError(f"unknown outbox event kind {kind!r}")
     rows = OutboxEvent.objects.bulk_create(
         [OutboxEvent(kind=kind, payload=payload) for kind, payload in events]
     )
@@ -94,39 +129,8 @@ def record_many(events: list[tuple[str, dict[str, Any]]], *, publisher: Executor
         transaction.on_commit(lambda: publisher.submit(_publish_after_commit, pending))
 
 
-def record(kind: str, payload: dict[str, Any]) -> None:
+def record(kind: str, payload: Payload) -> None:
     record_many([(kind, payload)])
-
-
-def record_send(message_ids: list[int], priority: str) -> None:
-    record_many([(OutboxEvent.Kind.SEND_MESSAGES, {"ids": message_ids, "priority": priority})])
-
-
-def record_sends(
-    message_ids: list[int], priority: str, batch_size: int, *, publisher: Executor | None = None
-) -> None:
-    """One send task per `batch_size` ids."""
-    record_many(
-        [
-            (OutboxEvent.Kind.SEND_MESSAGES, {"ids": message_ids[i : i + batch_size], "priority": priority})
-            for i in range(0, len(message_ids), batch_size)
-        ],
-        publisher=publisher,
-    )
-
-
-def record_sends_by_priority(rows: Iterable[tuple[int, str]]) -> None:
-    """Send tasks for (message id, priority) rows: grouped by priority, each priority's batch size."""
-    by_priority: dict[str, list[int]] = {}
-    for message_id, priority in rows:
-        by_priority.setdefault(priority, []).append(message_id)
-    for priority, ids in by_priority.items():
-        record_sends(ids, priority, settings.EMAILHUB_BATCH_SIZES[priority])
-
-
-def record_fan_out(campaign_id: int, *, requeue: bool = False) -> None:
-    """Fan-out (or, with `requeue`, first publish the campaign's queued messages again, then fan out)."""
-    record(OutboxEvent.Kind.FAN_OUT, {"campaign_id": campaign_id, "requeue": requeue})
 
 
 def relay(limit: int = 500) -> int:
