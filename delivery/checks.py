@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.core import checks
 
 from delivery.exceptions import ProviderConfigurationError
+from delivery.providers import check_provider_settings
 
 
 @checks.register(checks.Tags.compatibility)
 def provider_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    from delivery.services.sending import check_provider_settings
-
     try:
         check_provider_settings()
     except ProviderConfigurationError as exc:
@@ -23,8 +23,6 @@ def provider_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.Che
 @checks.register(checks.Tags.security, deploy=True)
 def secret_key_set(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """`manage.py check --deploy`: the development secret key must not reach production."""
-    from django.conf import settings
-
     if not settings.DEBUG and settings.SECRET_KEY.startswith("dev-only-"):
         return [
             checks.Error("EMAILHUB_SECRET_KEY is not set; set it to a long random value", id="emailhub.E002")

@@ -12,7 +12,8 @@ class DeliveryError(Exception):
 class ProviderError(DeliveryError):
     """A provider-wide refusal, carrying what the provider said (django-anymail's habit): the
     provider's name, its status (HTTP status or SMTP reply code), its response body, and how long
-    it asked us to wait (`Retry-After`), when it said so."""
+    it asked us to wait (`Retry-After`), when it said so. The message is what gets logged and
+    stored as a message's `last_error`; the fields are for code that decides what to do."""
 
     def __init__(
         self,
@@ -44,21 +45,14 @@ class ProviderThrottled(ProviderError):
     It is up, so this is not a circuit-breaker failure: the provider is paused for
     `retry_after` seconds (shared by every worker through Redis) and the batch fails over or
     waits. `partial` maps our message id → SendResult for what the provider dealt with before
-    it started refusing (accepted mail must never be sent again elsewhere).
+    it started refusing (accepted mail must never be sent again elsewhere); the provider base
+    class fills it in.
     """
 
     partial: dict[int, Any]
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        provider: str = "",
-        status: int | None = None,
-        body: str = "",
-        retry_after: float | None = None,
-    ) -> None:
-        super().__init__(message, provider=provider, status=status, body=body, retry_after=retry_after)
+    def __init__(self, message: str, **fields: Any) -> None:
+        super().__init__(message, **fields)
         self.partial = {}
 
 
@@ -67,7 +61,14 @@ class ProviderConfigurationError(DeliveryError):
 
 
 class UnsupportedFeature(DeliveryError):
-    """The message asks for something this provider cannot do; it is refused, never dropped."""
+    """The message asks for something this provider cannot do (django-anymail's
+    AnymailUnsupportedFeature): the message is refused by this provider, never sent with the
+    feature quietly dropped."""
+
+    def __init__(self, message: str, *, provider: str = "", feature: str = "") -> None:
+        super().__init__(message)
+        self.provider = provider
+        self.feature = feature
 
 
 class IdempotencyConflict(DeliveryError):

@@ -8,6 +8,7 @@ import pytest
 
 from delivery import breakers
 from delivery.exceptions import ProviderUnavailable
+from delivery.providers import close_all, get_provider
 from delivery.providers.base import OutgoingEmail, Provider, SendResult
 from delivery.ratelimit import TokenBucket
 from delivery.services.gateway import ProviderSkipped, send_via
@@ -119,12 +120,15 @@ def test_bucket_refills_at_the_quota_rate() -> None:
 
 
 def test_gateway_skips_a_provider_without_quota_and_sends_what_fits(settings) -> None:  # noqa: ANN001
-    from delivery import providers
-
+    settings.EMAILHUB_PROVIDER_CLASSES = [
+        *settings.EMAILHUB_PROVIDER_CLASSES,
+        "tests.test_breakers_and_rate_limits.CountingProvider",
+    ]
     settings.EMAILHUB_RATE_LIMITS = {"counting": 5.0}
     settings.EMAILHUB_RATE_RESERVED_FRACTION = 0.2
     settings.EMAILHUB_RATE_MAX_WAIT_SECONDS = 0
-    provider = providers._instances["counting"] = CountingProvider()
+    provider = get_provider("counting")
+    assert isinstance(provider, CountingProvider)
     try:
         emails = [OutgoingEmail(n, f"u{n}@example.com", "a@example.com", "s", "t", "") for n in range(6)]
         results = send_via("counting", emails, transactional=False)
@@ -134,7 +138,7 @@ def test_gateway_skips_a_provider_without_quota_and_sends_what_fits(settings) ->
             send_via("counting", emails, transactional=False)
         assert [r.outcome.value for r in send_via("counting", emails[:1], transactional=True)] == ["accepted"]
     finally:
-        providers._instances.pop("counting", None)
+        close_all()
 
 
 def test_two_processes_tripping_at_once_count_one_opening() -> None:

@@ -9,8 +9,10 @@ from django.utils import timezone
 
 from campaigns.models import Contact, Suppression, Template
 from delivery.models import Message, MessageStatus
+from delivery.providers import close_all
+from delivery.providers.base import Provider
 from delivery.services.sending import retry_delay, send_messages
-from delivery.testing.smtp_server import SMTPTestServer
+from delivery.testing.smtp_server import SMTPTestServer, free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -123,8 +125,6 @@ def test_the_last_attempt_fails_for_good(smtp: SMTPTestServer, settings) -> None
 
 
 def test_unreachable_provider_means_retry_not_loss(smtp: SMTPTestServer, settings) -> None:  # noqa: ANN001
-    from delivery.providers import close_all
-    from delivery.testing.smtp_server import free_port
 
     settings.SMTP_PORT = free_port()
     close_all()
@@ -165,25 +165,26 @@ def test_a_template_that_no_longer_compiles_fails_its_messages_without_stranding
     assert not Suppression.objects.exists()
 
 
+class BuggyProvider(Provider):
+    name = "buggy"
+
+    def send_batch(self, emails):  # noqa: ANN001, ANN201
+        raise KeyError("a bug")
+
+
 def test_an_unexpected_provider_error_fails_over_and_records_instead_of_stranding(
     smtp: SMTPTestServer, settings
 ) -> None:  # noqa: ANN001
-    from delivery import providers
-    from delivery.providers.base import Provider
-
-    class Buggy(Provider):
-        name = "buggy"
-
-        def send_batch(self, emails):  # noqa: ANN001, ANN201
-            raise KeyError("a bug")
-
+    settings.EMAILHUB_PROVIDER_CLASSES = [
+        *settings.EMAILHUB_PROVIDER_CLASSES,
+        "tests.test_sending.BuggyProvider",
+    ]
     settings.EMAILHUB_PROVIDERS_TRANSACTIONAL = ["buggy"]
-    providers._instances["buggy"] = Buggy()
     try:
         message = queued()
         send_messages([message.pk])
     finally:
-        providers._instances.pop("buggy", None)
+        close_all()
     message.refresh_from_db()
     assert message.status == "retry_wait" and "unexpected error" in message.last_error
 

@@ -1,68 +1,97 @@
-"""Provider instances, one per name per process (each worker process keeps its own connections)."""
+"""The provider registry: plug-ins named by `EMAILHUB_PROVIDER_CLASSES`, one instance per name
+per process (each worker process keeps its own connections).
+
+Adding a provider is one module with a `Provider` subclass (its `name`, its `from_settings()`)
+plus its dotted path in `EMAILHUB_PROVIDER_CLASSES`; the chains
+(`EMAILHUB_PROVIDERS_TRANSACTIONAL`, `EMAILHUB_PROVIDERS_BULK`) then may name it.
+"""
 
 from __future__ import annotations
 
 from django.conf import settings
+from django.utils.module_loading import import_string
 
 from delivery.exceptions import ProviderConfigurationError
 from delivery.providers.base import Outcome, OutgoingEmail, Provider, SendResult
 
-__all__ = ["Outcome", "OutgoingEmail", "Provider", "SendResult", "get_provider", "close_all"]
+__all__ = [
+    "CHAIN_SETTINGS",
+    "Outcome",
+    "OutgoingEmail",
+    "Provider",
+    "SendResult",
+    "check_provider_settings",
+    "close_all",
+    "get_provider",
+    "provider_classes",
+]
+
+# The settings that list provider names, in the order they are tried.
+CHAIN_SETTINGS = ("EMAILHUB_PROVIDERS_TRANSACTIONAL", "EMAILHUB_PROVIDERS_BULK")
 
 _instances: dict[str, Provider] = {}
 
 
-def _build(name: str) -> Provider:
-    if name == "smtp":
-        from delivery.providers.smtp import SMTPProvider
-
-        return SMTPProvider(
-            host=settings.SMTP_HOST,
-            port=settings.SMTP_PORT,
-            username=settings.SMTP_USERNAME,
-            password=settings.SMTP_PASSWORD,
-            starttls=settings.SMTP_STARTTLS,
-            timeout=settings.SMTP_TIMEOUT,
-            message_id_domain=settings.EMAILHUB_MESSAGE_ID_DOMAIN,
-        )
-    if name == "ses":
-        from delivery.providers.ses import SESProvider
-
-        return SESProvider(
-            region=settings.SES_REGION,
-            endpoint_url=settings.SES_ENDPOINT_URL,
-            access_key_id=settings.SES_ACCESS_KEY_ID,
-            secret_access_key=settings.SES_SECRET_ACCESS_KEY,
-            configuration_set=settings.SES_CONFIGURATION_SET,
-            timeout=settings.SES_TIMEOUT,
-            message_id_domain=settings.EMAILHUB_MESSAGE_ID_DOMAIN,
-        )
-    if name == "sendgrid":
-        from delivery.providers.sendgrid import SendGridProvider
-
-        return SendGridProvider(
-            api_key=settings.SENDGRID_API_KEY,
-            host=settings.SENDGRID_HOST,
-            timeout=settings.SENDGRID_TIMEOUT,
-            message_id_domain=settings.EMAILHUB_MESSAGE_ID_DOMAIN,
-        )
-    if name == "locmem":
-        from delivery.providers.locmem import LocmemProvider
-
-        return LocmemProvider()
-    raise ProviderConfigurationError(
-        f"unknown provider {name!r}; fix EMAILHUB_PROVIDERS_TRANSACTIONAL / EMAILHUB_PROVIDERS_BULK"
-    )
+def provider_classes() -> dict[str, type[Provider]]:
+    """name → class of every provider in `EMAILHUB_PROVIDER_CLASSES`. Read on each call (only
+    when a provider is built or the settings are checked), so a settings override takes effect."""
+    classes: dict[str, type[Provider]] = {}
+    for path in settings.EMAILHUB_PROVIDER_CLASSES:
+        try:
+            cls = import_string(path)
+        except ImportError as exc:
+            raise ProviderConfigurationError(
+                f"EMAILHUB_PROVIDER_CLASSES: cannot import {path!r}: {exc}"
+            ) from exc
+        if not (isinstance(cls, type) and issubclass(cls, Provider)) or not cls.name:
+            raise ProviderConfigurationError(
+                f"EMAILHUB_PROVIDER_CLASSES: {path!r} is not a Provider subclass with a name"
+            )
+        if cls.name in classes:
+            raise ProviderConfigurationError(
+                f"EMAILHUB_PROVIDER_CLASSES: {path!r} and {classes[cls.name].__module__} both declare "
+                f"the provider name {cls.name!r}"
+            )
+        classes[cls.name] = cls
+    return classes
 
 
 def get_provider(name: str) -> Provider:
     provider = _instances.get(name)
     if provider is None:
-        provider = _instances[name] = _build(name)
+        classes = provider_classes()
+        if name not in classes:
+            raise ProviderConfigurationError(
+                f"unknown provider {name!r}; fix {' / '.join(CHAIN_SETTINGS)} "
+                "or add its class to EMAILHUB_PROVIDER_CLASSES"
+            )
+        provider = _instances[name] = classes[name].from_settings()
     return provider
 
 
+def check_provider_settings() -> None:
+    """Every chain names registered providers, and each builds: run by `manage.py check`
+    (delivery.E001) and at worker start-up, so a bad setting stops the process, named."""
+    known = provider_classes()
+    for setting in CHAIN_SETTINGS:
+        chain = list(getattr(settings, setting))
+        if not chain:
+            raise ProviderConfigurationError(f"{setting} is empty; name at least one provider")
+        unknown = [name for name in chain if name not in known]
+        if unknown:
+            raise ProviderConfigurationError(
+                f"{setting} has unknown value(s) {', '.join(unknown)}; choose from "
+                f"{', '.join(sorted(known))} (or add a provider to EMAILHUB_PROVIDER_CLASSES)"
+            )
+    for setting in CHAIN_SETTINGS:
+        for name in getattr(settings, setting):
+            get_provider(name)
+
+
 def close_all() -> None:
+    """Close and forget every provider instance of this process; the next lookup builds afresh
+    from the settings. Called when a worker process starts or stops, and by tests after they
+    change provider settings."""
     while _instances:
         _, provider = _instances.popitem()
         provider.close()

@@ -1,4 +1,7 @@
-"""The provider interface: one base class fixes the steps, each provider module fills them in.
+"""The provider interface: one base class fixes the steps, each provider module fills them in
+(django-anymail's `backends/base.py` shape). A provider is one module declaring a `Provider`
+subclass with its `name` and a `from_settings()` that reads its own settings; the registry
+(`delivery/providers/__init__.py`) loads the classes named in `EMAILHUB_PROVIDER_CLASSES`.
 
 A provider receives a batch of ready-to-send emails and reports, for each one, whether the
 provider accepted it (with the provider's message id), failed transiently (retry, maybe
@@ -14,8 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
+from typing import ClassVar, Self
 
-from delivery.exceptions import ProviderThrottled, ProviderUnavailable
+from delivery.exceptions import ProviderThrottled, ProviderUnavailable, UnsupportedFeature
 
 
 class Outcome(enum.Enum):
@@ -68,11 +72,33 @@ class SendResult:
     def unbuildable(cls, error: str) -> SendResult:
         return cls(Outcome.PERMANENT, error=f"message cannot be built: {error}", suppress=False)
 
+    @classmethod
+    def unsupported(cls, error: str) -> SendResult:
+        # The message, not the address, is at fault; put a provider that can honour it earlier
+        # in the chain.
+        return cls(Outcome.PERMANENT, error=f"not supported by this provider: {error}", suppress=False)
+
 
 class Provider:
-    """Subclasses set ``name`` and implement ``send_one`` (or override ``send_batch``)."""
+    """A provider plug-in. Subclasses set ``name`` and fill in the steps of ``send_batch``.
 
-    name: str = ""
+    The steps, in this order (the base class fixes them, as django-anymail's
+    ``AnymailBaseBackend`` does with build_message_payload → post_to_esp → parse_response):
+
+    1. ``check(email)``, per email: raise UnsupportedFeature for anything this provider cannot
+       honour. That email fails (not suppressed); the others go on. Nothing is dropped silently.
+    2. ``split(emails)``: the requests the batch becomes, one email each by default.
+    3. ``send_request(request)``: build the request, send it, read the answer: one SendResult
+       per email, by our message id. By default, ``send_one`` of the request's one email.
+    """
+
+    name: ClassVar[str] = ""
+
+    @classmethod
+    def from_settings(cls) -> Self:
+        """Build the provider from Django settings (its own block in emailhub/settings.py).
+        Raises ProviderConfigurationError naming the setting when one is missing or wrong."""
+        return cls()
 
     def send_batch(self, emails: Sequence[OutgoingEmail]) -> list[SendResult]:
         """Send every email; return one SendResult per email, in order.
@@ -82,29 +108,50 @@ class Provider:
         If it goes down part-way, what was not sent is reported transient: it is retried, and
         what was accepted is not sent again elsewhere.
         """
-        results: list[SendResult] = []
+        results: dict[int, SendResult] = {}
+        sendable: list[OutgoingEmail] = []
         for email in emails:
             try:
-                results.append(self.send_one(email))
+                self.check(email)
+            except UnsupportedFeature as exc:
+                results[email.message_id] = SendResult.unsupported(str(exc))
+            else:
+                sendable.append(email)
+        for request in self.split(sendable):
+            try:
+                results.update(self.send_request(request))
             except ValueError as exc:  # raised by delivery.providers.mime for what it cannot encode
-                results.append(SendResult.unbuildable(str(exc)))
+                results.update((email.message_id, SendResult.unbuildable(str(exc))) for email in request)
             except ProviderThrottled as exc:
                 # Rate limited part-way: what was accepted stays accepted; the gateway pauses
                 # the provider and reports the rest as not tried.
-                exc.partial = {e.message_id: r for e, r in zip(emails, results, strict=False)}
+                exc.partial = dict(results)
                 raise
             except ProviderUnavailable as exc:
                 if not results:
                     raise
-                results.extend(
-                    SendResult.transient(f"{self.name} became unavailable: {exc}")
-                    for _ in emails[len(results) :]
-                )
+                error = SendResult.transient(f"{self.name} became unavailable: {exc}")
+                for email in emails:
+                    results.setdefault(email.message_id, error)
                 break
-        return results
+        return [results[email.message_id] for email in emails]
+
+    def check(self, email: OutgoingEmail) -> None:
+        """Step 1: raise UnsupportedFeature if this provider cannot send `email` as asked."""
+
+    def split(self, emails: Sequence[OutgoingEmail]) -> list[list[OutgoingEmail]]:
+        """Step 2: the provider requests that carry `emails`; one email per request by default."""
+        return [[email] for email in emails]
+
+    def send_request(self, request: list[OutgoingEmail]) -> dict[int, SendResult]:
+        """Step 3: send one request; a SendResult per email, keyed by our message id.
+
+        Raises ProviderUnavailable or ProviderThrottled for a provider-wide refusal, ValueError
+        for a message that cannot be encoded."""
+        return {email.message_id: self.send_one(email) for email in request}
 
     def send_one(self, email: OutgoingEmail) -> SendResult:
-        raise NotImplementedError(f"{type(self).__name__} must implement send_one or send_batch")
+        raise NotImplementedError(f"{type(self).__name__} must implement send_one or send_request")
 
     def close(self) -> None:  # noqa: B027 - optional hook; most providers hold nothing open
         """Release connections. Called when a worker process shuts down."""

@@ -1,4 +1,5 @@
-"""Building the MIME message every provider that takes raw mail sends (SMTP, SES).
+"""Building the MIME message every provider that takes raw mail sends (SMTP, SES), and the
+address helpers every provider shares.
 
 The structure is always the same: headers, then text/plain and text/html as
 multipart/alternative (RFC 2046 §5.1.4: the preferred part last), both UTF-8 quoted-printable.
@@ -72,6 +73,11 @@ def _part(content_type: str, body: str) -> bytes:
         f'Content-Type: {content_type}; charset="utf-8"\r\n'
         "Content-Transfer-Encoding: quoted-printable\r\n\r\n"
     ).encode("ascii") + _quoted_printable(body)
+
+
+def bare_address(address: str) -> str:
+    """`Shop <shop@example.com>` → `shop@example.com`."""
+    return parseaddr(address)[1] or address
 
 
 def ascii_address(address: str) -> str:

@@ -4,7 +4,9 @@ One request carries up to 1000 personalizations, so a campaign batch is one HTTP
 per recipient. Recipients of identical content share the request's `content`. Recipients with
 personalised content still share one request: the content is a placeholder that each
 personalization's `substitutions` fills in — SendGrid caps substitutions at 10,000 bytes per
-personalization, so a larger body is sent in a request of its own.
+personalization, so a larger body is sent in a request of its own. Each email's own headers go
+in its personalization's `headers`, so every recipient of a shared request gets exactly its own;
+a header SendGrid does not let us set is refused (UnsupportedFeature), never dropped.
 """
 
 from __future__ import annotations
@@ -17,9 +19,15 @@ from typing import Any
 from urllib.error import URLError
 
 import sendgrid
+from django.conf import settings
 from python_http_client.exceptions import HTTPError
 
-from delivery.exceptions import ProviderConfigurationError, ProviderThrottled, ProviderUnavailable
+from delivery.exceptions import (
+    ProviderConfigurationError,
+    ProviderThrottled,
+    ProviderUnavailable,
+    UnsupportedFeature,
+)
 from delivery.providers.base import OutgoingEmail, Provider, SendResult, parse_retry_after
 from delivery.providers.mime import message_id_for
 
@@ -30,6 +38,15 @@ MAX_SUBSTITUTION_BYTES = 10_000
 TEXT_TAG = "-emailhub-text-"
 HTML_TAG = "-emailhub-html-"
 _PERSONALIZATION_FIELD = re.compile(r"^personalizations\.(\d+)\.")
+# "You may not overwrite the following reserved headers: x-sg-id, x-sg-eid, received,
+# dkim-signature, Content-Type, Content-Transfer-Encoding, To, From, Subject, Reply-To, CC, BCC"
+# (the mail-send reference above).
+RESERVED_HEADERS = frozenset(
+    {
+        "x-sg-id", "x-sg-eid", "received", "dkim-signature", "content-type",
+        "content-transfer-encoding", "to", "from", "subject", "reply-to", "cc", "bcc",
+    }
+)  # fmt: skip
 
 
 def _address(value: str) -> dict[str, str]:
@@ -60,25 +77,25 @@ class SendGridProvider(Provider):
         # python_http_client passes this timeout to urllib for every request it builds.
         self.api.client.timeout = timeout
 
-    def send_batch(self, emails: Sequence[OutgoingEmail]) -> list[SendResult]:
-        results: dict[int, SendResult] = {}
-        for group in self._requests(emails):
-            try:
-                results.update(self._send_request(group))
-            except ProviderThrottled as exc:
-                exc.partial = dict(results)
-                raise
-            except ProviderUnavailable:
-                if not results:
-                    raise
-                for email in emails:
-                    results.setdefault(
-                        email.message_id, SendResult.transient("sendgrid became unavailable mid-batch")
-                    )
-                break
-        return [results[email.message_id] for email in emails]
+    @classmethod
+    def from_settings(cls) -> SendGridProvider:
+        return cls(
+            api_key=settings.SENDGRID_API_KEY,
+            host=settings.SENDGRID_HOST,
+            timeout=settings.SENDGRID_TIMEOUT,
+            message_id_domain=settings.EMAILHUB_MESSAGE_ID_DOMAIN,
+        )
 
-    def _requests(self, emails: Sequence[OutgoingEmail]) -> list[list[OutgoingEmail]]:
+    def check(self, email: OutgoingEmail) -> None:
+        reserved = sorted(name for name in email.headers if name.lower() in RESERVED_HEADERS)
+        if reserved:
+            raise UnsupportedFeature(
+                f"SendGrid does not let us set the header(s) {', '.join(reserved)}",
+                provider=self.name,
+                feature="headers",
+            )
+
+    def split(self, emails: Sequence[OutgoingEmail]) -> list[list[OutgoingEmail]]:
         """Split a batch into requests: ≤1000 recipients each, one sender and reply-to each."""
         groups: dict[tuple[str, str | None], list[OutgoingEmail]] = {}
         for email in emails:
@@ -102,9 +119,13 @@ class SendGridProvider(Provider):
                 "to": [_address(email.to)],
                 "subject": email.subject,
                 "custom_args": {"emailhub_id": str(email.message_id)},
-                # The same Message-ID as through SMTP and SES, on every attempt (not a
-                # SendGrid reserved header, so it is sent as given).
-                "headers": {"Message-ID": message_id_for(email.message_id, self.message_id_domain)},
+                # This email's own headers (check() refused the reserved ones), and the same
+                # Message-ID as through SMTP and SES, on every attempt (not a SendGrid reserved
+                # header, so it is sent as given).
+                "headers": {
+                    **email.headers,
+                    "Message-ID": message_id_for(email.message_id, self.message_id_domain),
+                },
             }
             if not shared:
                 personalization["substitutions"] = {TEXT_TAG: email.text, HTML_TAG: email.html}
@@ -122,17 +143,15 @@ class SendGridProvider(Provider):
         }
         if first.reply_to:
             body["reply_to"] = _address(first.reply_to)
-        if first.headers:
-            body["headers"] = dict(first.headers)
         return body
 
-    def _send_request(self, group: list[OutgoingEmail]) -> dict[int, SendResult]:
+    def send_request(self, group: list[OutgoingEmail]) -> dict[int, SendResult]:
         try:
             response = self.api.client.mail.send.post(request_body=self.payload(group))
         except HTTPError as exc:
             return self._classify(exc, group)
         except (URLError, OSError) as exc:  # refused, reset, timed out
-            raise ProviderUnavailable(f"SendGrid unreachable: {exc}") from exc
+            raise ProviderUnavailable(f"SendGrid unreachable: {exc}", provider=self.name) from exc
         message_id = response.headers.get("X-Message-Id")
         return {email.message_id: SendResult.accepted(message_id) for email in group}
 
@@ -161,7 +180,7 @@ class SendGridProvider(Provider):
                 results = {group[i].message_id: SendResult.permanent(detail) for i in bad if i < len(group)}
                 rest = [e for i, e in enumerate(group) if i not in bad]
                 if rest:
-                    results.update(self._send_request(rest))
+                    results.update(self.send_request(rest))
                 return results
         # A refusal we cannot pin on a recipient: not the recipients' fault, so no suppression.
         return {email.message_id: SendResult.transient(detail) for email in group}

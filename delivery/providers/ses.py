@@ -11,11 +11,11 @@ from __future__ import annotations
 import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
+from django.conf import settings
 
 from delivery.exceptions import ProviderThrottled, ProviderUnavailable
 from delivery.providers.base import OutgoingEmail, Provider, SendResult
-from delivery.providers.mime import ascii_address, render
-from delivery.providers.smtp import bare_address
+from delivery.providers.mime import ascii_address, bare_address, render
 
 # SES error codes (https://docs.aws.amazon.com/ses/latest/APIReference-V2/API_SendEmail.html).
 THROTTLING = {"TooManyRequestsException", "Throttling", "ThrottlingException", "LimitExceededException"}
@@ -57,6 +57,18 @@ class SESProvider(Provider):
             ),
         )
 
+    @classmethod
+    def from_settings(cls) -> SESProvider:
+        return cls(
+            region=settings.SES_REGION,
+            endpoint_url=settings.SES_ENDPOINT_URL,
+            access_key_id=settings.SES_ACCESS_KEY_ID,
+            secret_access_key=settings.SES_SECRET_ACCESS_KEY,
+            configuration_set=settings.SES_CONFIGURATION_SET,
+            timeout=settings.SES_TIMEOUT,
+            message_id_domain=settings.EMAILHUB_MESSAGE_ID_DOMAIN,
+        )
+
     def send_one(self, email: OutgoingEmail) -> SendResult:
         _, data = render(email, message_id_domain=self.message_id_domain)
         request: dict = {
@@ -71,7 +83,7 @@ class SESProvider(Provider):
         except ClientError as exc:
             return self._classify(exc, email)
         except BotoCoreError as exc:  # connection refused, timeouts, bad endpoint
-            raise ProviderUnavailable(f"SES unreachable: {exc}") from exc
+            raise ProviderUnavailable(f"SES unreachable: {exc}", provider=self.name) from exc
         return SendResult.accepted(response["MessageId"])
 
     def _classify(self, exc: ClientError, email: OutgoingEmail) -> SendResult:
@@ -95,7 +107,10 @@ class SESProvider(Provider):
             # configuration fault, not a bad recipient: fail over, never suppress the recipient.
             if bare_address(email.from_email).lower() in message.lower():
                 raise ProviderUnavailable(
-                    f"{detail} (verify this sender identity in SES or change EMAILHUB_DEFAULT_FROM)"
+                    f"{detail} (verify this sender identity in SES or change EMAILHUB_DEFAULT_FROM)",
+                    provider=self.name,
+                    status=status,
+                    body=f"{code}: {message}",
                 ) from exc
             return SendResult.permanent(detail)
         return SendResult.transient(detail)

@@ -11,11 +11,13 @@ import logging
 import re
 import smtplib
 import socket
-from email.utils import parseaddr
+from typing import Any
+
+from django.conf import settings
 
 from delivery.exceptions import ProviderThrottled, ProviderUnavailable
 from delivery.providers.base import Outcome, OutgoingEmail, Provider, SendResult
-from delivery.providers.mime import ascii_address, render
+from delivery.providers.mime import ascii_address, bare_address, render
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +55,18 @@ class SMTPProvider(Provider):
         self.message_id_domain = message_id_domain
         self._connection: smtplib.SMTP | None = None
 
+    @classmethod
+    def from_settings(cls) -> SMTPProvider:
+        return cls(
+            host=settings.SMTP_HOST,
+            port=settings.SMTP_PORT,
+            username=settings.SMTP_USERNAME,
+            password=settings.SMTP_PASSWORD,
+            starttls=settings.SMTP_STARTTLS,
+            timeout=settings.SMTP_TIMEOUT,
+            message_id_domain=settings.EMAILHUB_MESSAGE_ID_DOMAIN,
+        )
+
     def _connect(self) -> smtplib.SMTP:
         if self._connection is None:
             try:
@@ -62,13 +76,19 @@ class SMTPProvider(Provider):
                 if self.username:
                     connection.login(self.username, self.password)
             except smtplib.SMTPAuthenticationError as exc:
-                raise ProviderUnavailable(f"SMTP login refused by {self.host}:{self.port}: {exc}") from exc
+                raise ProviderUnavailable(
+                    f"SMTP login refused by {self.host}:{self.port}: {exc}", **_fields(exc)
+                ) from exc
             except smtplib.SMTPResponseException as exc:
                 # A greeting of "421 too many connections, try later" is a rate limit too.
                 _raise_if_throttled(exc)
-                raise ProviderUnavailable(f"cannot connect to SMTP {self.host}:{self.port}: {exc}") from exc
+                raise ProviderUnavailable(
+                    f"cannot connect to SMTP {self.host}:{self.port}: {exc}", **_fields(exc)
+                ) from exc
             except (*_CONNECTION_ERRORS, smtplib.SMTPException) as exc:
-                raise ProviderUnavailable(f"cannot connect to SMTP {self.host}:{self.port}: {exc}") from exc
+                raise ProviderUnavailable(
+                    f"cannot connect to SMTP {self.host}:{self.port}: {exc}", provider=self.name
+                ) from exc
             self._connection = connection
         return self._connection
 
@@ -114,14 +134,17 @@ class SMTPProvider(Provider):
                     _raise_if_throttled(exc)  # ... unless it says we are going too fast
                     if attempt == 1:
                         continue
-                    raise ProviderUnavailable(f"SMTP {exc.smtp_code}: {_decode(exc.smtp_error)}") from exc
+                    raise ProviderUnavailable(
+                        f"SMTP {exc.smtp_code}: {_decode(exc.smtp_error)}", **_fields(exc)
+                    ) from exc
                 _raise_if_throttled(exc)
                 if stage == "sender" and exc.smtp_code >= 500:
                     # Refused at MAIL FROM (530 auth required, 553 sender not allowed): our
                     # account or sender is wrong for every message. Not the recipients' fault.
                     raise ProviderUnavailable(
                         f"SMTP {exc.smtp_code} at MAIL FROM: {_decode(exc.smtp_error)} "
-                        "(check SMTP_USERNAME/SMTP_PASSWORD and EMAILHUB_DEFAULT_FROM)"
+                        "(check SMTP_USERNAME/SMTP_PASSWORD and EMAILHUB_DEFAULT_FROM)",
+                        **_fields(exc),
                     ) from exc
                 result = _result_for_code(exc.smtp_code, exc.smtp_error, f"refused at {stage}")
                 if stage == "data" and result.outcome is Outcome.PERMANENT:
@@ -133,7 +156,7 @@ class SMTPProvider(Provider):
                 self._drop()
                 if attempt == 1:
                     continue  # the persistent connection went stale: reconnect once
-                raise ProviderUnavailable(f"SMTP connection lost: {exc}") from exc
+                raise ProviderUnavailable(f"SMTP connection lost: {exc}", provider=self.name) from exc
             if refused:
                 code, reply = next(iter(refused.values()))
                 return _result_for_code(code, reply, "recipient refused")
@@ -145,14 +168,12 @@ def _raise_if_throttled(exc: smtplib.SMTPResponseException) -> None:
     reply = _decode(exc.smtp_error)
     code = exc.smtp_code
     if (code in (421, 451, 454) and _RATE_TEXT.search(reply)) or (code == 421 and _LATER_TEXT.search(reply)):
-        raise ProviderThrottled(
-            f"SMTP {exc.smtp_code}: {reply}", provider="smtp", status=exc.smtp_code, body=reply
-        ) from exc
+        raise ProviderThrottled(f"SMTP {exc.smtp_code}: {reply}", **_fields(exc)) from exc
 
 
-def bare_address(address: str) -> str:
-    """`Shop <shop@example.com>` → `shop@example.com`."""
-    return parseaddr(address)[1] or address
+def _fields(exc: smtplib.SMTPResponseException) -> dict[str, Any]:
+    """The ProviderError fields of an SMTP reply: its code as the status, its text as the body."""
+    return {"provider": SMTPProvider.name, "status": exc.smtp_code, "body": _decode(exc.smtp_error)}
 
 
 def _decode(reply: bytes | str) -> str:
