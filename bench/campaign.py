@@ -253,7 +253,7 @@ class Profiler:
         ("claim (UPDATE … RETURNING)", "claim (delivery/services/sending.py"),
         ("render (templates, contacts)", "_render (delivery/services/sending.py"),
         ("  Contact.objects.in_bulk", "in_bulk ("),
-        ("  template render", "render (campaigns/templating.py"),
+        ("  template render", "render (core/templating.py"),
         ("provider gateway (SMTP)", "send_via ("),
         ("  MIME rendering", "render (delivery/providers/mime.py"),
         ("  smtplib sendmail", "sendmail ("),
