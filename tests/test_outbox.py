@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from django.db import transaction
@@ -82,3 +83,29 @@ def test_a_message_stuck_sending_at_its_last_attempt_fails_and_moves_its_campaig
     campaign.refresh_from_db()
     assert (campaign.failed_count, campaign.status) == (1, "completed")
     assert queued_tasks(redis, "normal") == []
+
+
+def test_each_app_registers_its_event_kinds_and_the_outbox_names_no_task() -> None:
+    kinds = outbox.registered_kinds()
+    assert (kinds["send_messages"], kinds["fan_out"]) == ("delivery.send_messages", "campaigns.fan_out")
+    source = Path(outbox.__file__).read_text()
+    assert "delivery." not in source.replace("delivery_outboxevent", "") and "campaigns." not in source
+
+
+def test_a_registered_kind_is_published_to_its_task_and_queue(redis) -> None:  # noqa: ANN001
+    outbox.register_kind("test_ping", "tests.ping", args=lambda p: [p["n"]], queue=lambda p: "system")
+    with transaction.atomic():
+        outbox.record("test_ping", {"n": 3})
+    assert queued_tasks(redis, "system") == [("tests.ping", [3])]
+    assert OutboxEvent.objects.count() == 0
+
+
+def test_an_unregistered_kind_is_refused_before_a_row_exists() -> None:
+    with pytest.raises(ValueError, match="unknown outbox event kind 'nobody'"), transaction.atomic():
+        outbox.record("nobody", {})
+    assert OutboxEvent.objects.count() == 0
+
+
+def test_a_kind_cannot_be_registered_for_a_second_task() -> None:
+    with pytest.raises(ValueError, match="already registered for delivery.send_messages"):
+        outbox.register_kind("send_messages", "elsewhere.task", args=list, queue=lambda p: "low")
