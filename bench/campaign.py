@@ -250,7 +250,7 @@ class Profiler:
     # Inclusive shares worth knowing for the send path: (label, substring of a frame).
     MARKERS = [
         ("send_messages task", "send_messages (delivery/services/sending.py"),
-        ("claim (UPDATE … RETURNING)", "claim (delivery/services/sending.py"),
+        ("claim (UPDATE … RETURNING)", "claim (delivery/services/transitions.py"),
         ("render (templates, contacts)", "_render (delivery/services/sending.py"),
         ("  Contact.objects.in_bulk", "in_bulk ("),
         ("  template render", "render (core/templating.py"),
@@ -258,7 +258,7 @@ class Profiler:
         ("  MIME rendering", "render (delivery/providers/mime.py"),
         ("  smtplib sendmail", "sendmail ("),
         ("record outcomes (UPDATEs)", "record (delivery/services/recording.py"),
-        ("  campaign counters", "_move_campaign_counters ("),
+        ("  campaign counters", "move_counters (campaigns/progress.py"),
         ("fan-out task", "fan_out (campaigns/fanout.py"),
         ("waiting for the next task (pool pipe)", "(billiard/connection.py"),
     ]

@@ -428,8 +428,8 @@ def explain_step(list_id: int, step: int | None, full: bool) -> None:
     """
     from django.conf import settings
 
-    from campaigns import fanout
     from campaigns.models import Campaign
+    from delivery.services import transitions
 
     reset_state()
     step = step or settings.EMAILHUB_FANOUT_STEP
@@ -439,7 +439,7 @@ def explain_step(list_id: int, step: int | None, full: bool) -> None:
         )
         cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
         cursor.execute(
-            "EXPLAIN (ANALYZE, BUFFERS) " + fanout._STEP_SQL,
+            "EXPLAIN (ANALYZE, BUFFERS) " + transitions._STEP_SQL,
             {
                 "list_id": list_id,
                 "cursor": 0,

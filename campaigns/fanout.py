@@ -6,7 +6,9 @@ active, non-suppressed member with INSERT … SELECT … ON CONFLICT DO NOTHING 
 per recipient), records one send task per `EMAILHUB_BATCH_SIZE_<PRIORITY>` new ids in the
 outbox, and moves the campaign's cursor and counters. A fan-out killed mid-way leaves every
 committed step whole; run again it resumes at the cursor, and UNIQUE(campaign, contact) makes a
-step that is replayed insert nothing twice.
+step that is replayed insert nothing twice. The INSERT itself is the delivery app's, whose
+state machine owns every write to messages (`delivery.services.transitions.materialise_step`);
+this module walks the list and owns the campaign's cursor and counters.
 
 Each step takes a transaction-level advisory lock on the campaign, so a redelivered fan-out task
 that finds another already running simply returns. (Not SKIP LOCKED on the campaign row: send
@@ -21,72 +23,18 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
 from campaigns.models import Campaign
+from campaigns.progress import complete_if_finished
 from core.schedule_index import index_after_commit, slot_unit
-from delivery.services import send_events
+from delivery.services import send_events, transitions
 from scheduling.localtime import due_by_timezone
 
 logger = logging.getLogger(__name__)
-
-# The next `limit` list members after the cursor, in contact-id order (keyset pagination over the
-# (list, contact) unique index).
-_MEMBERS = """
-WITH members AS (
-    SELECT lm.contact_id
-      FROM campaigns_listmembership AS lm
-     WHERE lm.contact_list_id = %(list_id)s AND lm.contact_id > %(cursor)s
-     ORDER BY lm.contact_id
-     LIMIT %(limit)s
-)"""
-# What a step reports: the new cursor, how many members it looked at, the ids it created.
-_RESULT = """
-SELECT (SELECT max(contact_id) FROM members),
-       (SELECT count(*) FROM members),
-       (SELECT coalesce(array_agg(id ORDER BY id), '{}') FROM created)
-"""
-
-_STEP_SQL = f"""
-{_MEMBERS.strip()}, created AS (
-    INSERT INTO delivery_message (campaign_id, contact_id, template_id, to_email, priority, status, queued_at)
-    SELECT %(campaign_id)s, c.id, %(template_id)s, c.email, %(priority)s, 'queued', now()
-      FROM members
-      JOIN campaigns_contact AS c ON c.id = members.contact_id
-     WHERE c.status = 'active'
-       AND NOT EXISTS (SELECT 1 FROM campaigns_suppression AS s WHERE s.email = c.email)
-     ORDER BY c.id
-    ON CONFLICT (campaign_id, contact_id) DO NOTHING
-    RETURNING id
-)
-{_RESULT.strip()}
-"""
-
-
-# Local-time campaigns: the same step, but each message is `scheduled` at its contact's local
-# instant, from a small table of timezone → instant computed once (scheduling.localtime).
-# Contacts in a timezone the campaign skips (policy `skip`) join to nothing and are excluded.
-_LOCAL_STEP_SQL = f"""
-{_MEMBERS.strip()}, zones AS (
-    SELECT * FROM unnest(%(zones)s::text[], %(dues)s::timestamptz[]) AS z(name, due)
-), created AS (
-    INSERT INTO delivery_message (campaign_id, contact_id, template_id, to_email, priority, status, due_at)
-    SELECT %(campaign_id)s, c.id, %(template_id)s, c.email, %(priority)s, 'scheduled', zones.due
-      FROM members
-      JOIN campaigns_contact AS c ON c.id = members.contact_id
-      JOIN zones ON zones.name = c.timezone
-     WHERE c.status = 'active'
-       AND NOT EXISTS (SELECT 1 FROM campaigns_suppression AS s WHERE s.email = c.email)
-     ORDER BY c.id
-    ON CONFLICT (campaign_id, contact_id) DO NOTHING
-    RETURNING id
-)
-{_RESULT.strip()}
-"""
 
 
 @dataclass
@@ -131,7 +79,7 @@ def _fan_out(
                 return report  # paused, cancelled or finished
             local = campaign.schedule_type == Campaign.ScheduleType.LOCAL_TIME
             if local and zones is None:
-                zones = _local_dues(campaign)
+                zones = local_dues(campaign)
             last_member, members, ids = _step(campaign, step_size, zones if local else None)
             report.steps += 1
             if members == 0:
@@ -176,7 +124,7 @@ def _try_lock(campaign_id: int) -> bool:
         return bool(cursor.fetchone()[0])
 
 
-def _local_dues(campaign: Campaign) -> dict[str, datetime]:
+def local_dues(campaign: Campaign) -> dict[str, datetime]:
     """Timezone → due instant, decided against the campaign's start so a resumed fan-out
     decides exactly as the first run did."""
     if campaign.local_date is None or campaign.local_time is None:
@@ -195,43 +143,20 @@ def _local_dues(campaign: Campaign) -> dict[str, datetime]:
 def _step(
     campaign: Campaign, step_size: int, zones: dict[str, datetime] | None
 ) -> tuple[int, int, list[int]]:
-    params: dict[str, Any] = {
-        "list_id": campaign.contact_list_id,
-        "cursor": campaign.fanout_cursor,
-        "limit": step_size,
-        "campaign_id": campaign.pk,
-        "template_id": campaign.template_id,
-        "priority": campaign.priority,
-    }
-    if zones is not None:
-        params.update(zones=list(zones), dues=list(zones.values()))
-    with connection.cursor() as cursor:
-        cursor.execute(_LOCAL_STEP_SQL if zones is not None else _STEP_SQL, params)
-        last_member, members, ids = cursor.fetchone()
-    return last_member or campaign.fanout_cursor, members, list(ids)
-
-
-def complete_if_done(campaign_id: int) -> bool:
-    """Mark a sending campaign completed if fan-out is done and every message is finished.
-
-    Send workers complete a campaign as they record its last messages; this covers the cases
-    where no message is left to record (an empty list, or the last ones finished while paused).
-    """
-    with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            UPDATE campaigns_campaign
-               SET status = 'completed', completed_at = now(), updated_at = now()
-             WHERE id = %s AND status = 'sending' AND fanout_done
-               AND sent_count + failed_count + suppressed_count + cancelled_count >= total_count
-            """,
-            [campaign_id],
-        )
-        return cursor.rowcount == 1
+    last_member, members, ids = transitions.materialise_step(
+        campaign_id=campaign.pk,
+        list_id=campaign.contact_list_id,
+        cursor=campaign.fanout_cursor,
+        limit=step_size,
+        template_id=campaign.template_id,
+        priority=campaign.priority,
+        zones=zones,
+    )
+    return last_member or campaign.fanout_cursor, members, ids
 
 
 def _finish(campaign: Campaign) -> None:
     """The list is exhausted: mark fan-out done, and the campaign completed if nothing is left."""
     Campaign.objects.filter(pk=campaign.pk).update(fanout_done=True, updated_at=timezone.now())
-    complete_if_done(campaign.pk)
+    complete_if_finished([campaign.pk])
     logger.info("fan-out of campaign %s finished: %s messages", campaign.pk, campaign.total_count)

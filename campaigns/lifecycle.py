@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from campaigns import fanout_events
 from campaigns.exceptions import CampaignStateError, InvalidSchedule
+from campaigns.fanout import local_dues, wait_for_step
 from campaigns.models import Campaign
 from core.schedule_index import (
     campaign_unit,
@@ -23,7 +24,7 @@ from core.schedule_index import (
     slot_unit,
     unindex_after_commit,
 )
-from delivery.services import send_events
+from delivery.services import transitions
 
 Status = Campaign.Status
 # `optimized` (send-time optimization) is not built yet and is refused.
@@ -79,8 +80,6 @@ def check_schedule_time(
 
 def _locked(campaign_id: int, *, stop_fan_out: bool = False) -> Campaign:
     if stop_fan_out:
-        from campaigns.fanout import wait_for_step
-
         wait_for_step(campaign_id)  # the step in flight commits first; no new one starts
     return Campaign.objects.select_for_update().get(pk=campaign_id)
 
@@ -202,38 +201,18 @@ def cancel(campaign_id: int) -> Campaign:
         campaign = _locked(campaign_id, stop_fan_out=True)
         if campaign.status in (Status.COMPLETED, Status.CANCELLED, Status.FAILED):
             raise CampaignStateError(f"a {campaign.status} campaign cannot be cancelled")
-        with connection.cursor() as cursor:
-            # The units that index its pending work (its start, its local-time slots, its
-            # retries) leave the schedule's sorted set with it, not when a scheduler trips on them.
-            cursor.execute(
-                """
-                SELECT coalesce(array_agg(DISTINCT floor(extract(epoch FROM due_at))::bigint)
-                                FILTER (WHERE status = 'scheduled'), '{}'),
-                       coalesce(array_agg(id) FILTER (WHERE status = 'retry_wait'), '{}')
-                  FROM delivery_message
-                 WHERE campaign_id = %s AND status IN ('scheduled', 'retry_wait')
-                """,
-                [campaign.pk],
-            )
-            slot_epochs, retry_ids = cursor.fetchone()
-            units = {campaign_unit(campaign.pk)}
-            units.update(f"c:{campaign.pk}:{epoch}" for epoch in slot_epochs)
-            if campaign.schedule_type == Campaign.ScheduleType.LOCAL_TIME and campaign.local_date:
-                # Fan-out indexes a slot for every timezone's instant, not only those with
-                # recipients; the same function (decided at the campaign's start) names them.
-                from campaigns.fanout import _local_dues
-
-                units.update(slot_unit(campaign.pk, due) for due in set(_local_dues(campaign).values()))
-            units.update(message_unit(message_id) for message_id in retry_ids)
-            unindex_after_commit(sorted(units))
-            cursor.execute(
-                """
-                UPDATE delivery_message SET status = 'cancelled', last_error = 'campaign cancelled'
-                 WHERE campaign_id = %s AND status IN ('queued', 'scheduled', 'retry_wait')
-                """,
-                [campaign.pk],
-            )
-            cancelled = cursor.rowcount
+        moved = transitions.cancel_campaign(campaign.pk)
+        # The units that index its pending work (its start, its local-time slots, its retries)
+        # leave the schedule's sorted set with it, not when a scheduler trips on them.
+        units = {campaign_unit(campaign.pk)}
+        units.update(f"c:{campaign.pk}:{epoch}" for epoch in moved.slot_epochs)
+        if campaign.schedule_type == Campaign.ScheduleType.LOCAL_TIME and campaign.local_date:
+            # Fan-out indexes a slot for every timezone's instant, not only those with
+            # recipients; the same function (decided at the campaign's start) names them.
+            units.update(slot_unit(campaign.pk, due) for due in set(local_dues(campaign).values()))
+        units.update(message_unit(message_id) for message_id in moved.retry_ids)
+        unindex_after_commit(sorted(units))
+        cancelled = moved.cancelled
         campaign.status = Status.CANCELLED
         campaign.cancelled_count += cancelled
         campaign.completed_at = timezone.now()
@@ -275,39 +254,6 @@ def delete_draft(campaign_id: int) -> None:
         if campaign.message_set.exists():
             raise CampaignStateError("this campaign has messages; archive it instead")
         campaign.delete()
-
-
-def requeue_queued(campaign_id: int, step: int = 50_000) -> int:
-    """Publish send tasks again for the campaign's queued messages, in keyset steps.
-
-    Each step moves the rows' `queued_at` with their outbox events: the stranded-task probe
-    (delivery/services/probes.py) must not take a row republished after its probe for stranded.
-    """
-    campaign = Campaign.objects.get(pk=campaign_id)
-    batch = settings.EMAILHUB_BATCH_SIZES[campaign.priority]
-    last_id, total = 0, 0
-    while True:
-        with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute(
-                """
-                WITH step AS (
-                    SELECT id FROM delivery_message
-                     WHERE campaign_id = %s AND status = 'queued' AND id > %s
-                     ORDER BY id LIMIT %s
-                ), moved AS (
-                    UPDATE delivery_message AS m SET queued_at = clock_timestamp()
-                      FROM step WHERE m.id = step.id AND m.status = 'queued'
-                    RETURNING m.id
-                )
-                SELECT (SELECT max(id) FROM step), coalesce((SELECT array_agg(id ORDER BY id) FROM moved), '{}')
-                """,
-                [campaign_id, last_id, step],
-            )
-            step_end, ids = cursor.fetchone()
-            if step_end is None:
-                return total
-            send_events.record_sends(ids, campaign.priority, batch)
-        last_id, total = step_end, total + len(ids)
 
 
 def resume_stalled_fanouts(stale_seconds: float | None = None) -> int:

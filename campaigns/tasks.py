@@ -6,14 +6,16 @@ from celery import shared_task
 
 from campaigns import fanout, import_jobs, lifecycle
 from campaigns.models import Campaign
+from campaigns.progress import complete_if_finished
+from delivery.services import transitions
 
 
 @shared_task(name="campaigns.fan_out", acks_late=True)
 def fan_out(campaign_id: int, requeue: bool = False) -> dict[str, int]:
     if requeue and Campaign.objects.filter(pk=campaign_id, status=Campaign.Status.SENDING).exists():
-        lifecycle.requeue_queued(campaign_id)
+        transitions.republish_queued(campaign_id)
     report = fanout.fan_out(campaign_id)
-    fanout.complete_if_done(campaign_id)  # e.g. resumed after its last messages finished while paused
+    complete_if_finished([campaign_id])  # e.g. resumed after its last messages finished while paused
     return {"steps": report.steps, "members": report.members, "created": report.created}
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import redis as redis_lib
 from django.conf import settings
+from django.db import connection
 from django.db.models import QuerySet
 
 from delivery.breakers import snapshot
@@ -62,3 +64,69 @@ def messages_visible_to(key: ApiKey) -> QuerySet[Message]:
     """
     messages = Message.objects.select_related("template")
     return messages if can_manage(key) else messages.filter(api_key=key)
+
+
+def message_states(message_ids: Sequence[int]) -> dict[int, tuple[str, bool, str | None]]:
+    """id → (status, address suppressed, campaign status or None), for the ids that exist."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT m.id, m.status,
+                   EXISTS (SELECT 1 FROM campaigns_suppression AS s WHERE s.email = lower(m.to_email)),
+                   c.status
+              FROM delivery_message AS m
+              LEFT JOIN campaigns_campaign AS c ON c.id = m.campaign_id
+             WHERE m.id = ANY(%s)
+            """,
+            [list(message_ids)],
+        )
+        return {row[0]: (row[1], row[2], row[3]) for row in cursor.fetchall()}
+
+
+def unsent_message_ids_to(email: str, statuses: Sequence[str]) -> list[int]:
+    """Ids of the messages to `email` (any case, through the UPPER(to_email) index) in `statuses`."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT id FROM delivery_message WHERE UPPER(to_email) = UPPER(%s) AND status = ANY(%s)",
+            [email, list(statuses)],
+        )
+        return [row[0] for row in cursor.fetchall()]
+
+
+def pending_message_units() -> list[tuple[str, float]]:
+    """The schedule-index units PostgreSQL says are pending, with their scores (epoch seconds):
+    `m:<id>` per retrying message and per scheduled transactional one, `c:<campaign>:<epoch>`
+    per local-time slot that still has scheduled messages."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT 'm:' || id, extract(epoch FROM due_at) FROM delivery_message
+             WHERE status IN ('scheduled', 'retry_wait') AND (campaign_id IS NULL OR status = 'retry_wait')
+            UNION ALL
+            SELECT 'c:' || campaign_id || ':' || extract(epoch FROM due_at)::bigint, extract(epoch FROM due_at)
+              FROM delivery_message WHERE status = 'scheduled' AND campaign_id IS NOT NULL
+             GROUP BY campaign_id, due_at
+            """
+        )
+        return [(unit, float(score)) for unit, score in cursor.fetchall()]
+
+
+def pending_and_sending_by_priority() -> dict[str, tuple[int, int]]:
+    """Per priority, in messages: (pending, sending). Pending = `queued` plus due but not yet
+    dispatched (`scheduled`/`retry_wait` with `due_at <= now`).
+
+    No index serves `status = 'queued'` (it would cost every fan-out insert), so this is one
+    sequential scan of delivery_message; see docs/scheduling.md for the measured cost."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT priority,
+                   count(*) FILTER (WHERE status = 'queued'
+                                       OR (status IN ('scheduled', 'retry_wait') AND due_at <= now())),
+                   count(*) FILTER (WHERE status = 'sending')
+              FROM delivery_message
+             WHERE status IN ('queued', 'scheduled', 'retry_wait', 'sending')
+             GROUP BY priority
+            """
+        )
+        return {priority: (pending, sending) for priority, pending, sending in cursor.fetchall()}

@@ -53,6 +53,7 @@ def reconcile() -> Reconciled:
         for campaign_id, scheduled_at in Campaign.objects.filter(
             status=Campaign.Status.SCHEDULED, scheduled_at__isnull=False
         ).values_list("pk", "scheduled_at")
+        if scheduled_at is not None
     ]
     for start in range(0, len(units), 5000):
         result.units_added += schedule_index.add_missing(units[start : start + 5000])

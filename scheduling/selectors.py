@@ -9,6 +9,7 @@ from django.db.models import Count, Q
 
 from campaigns.models import Campaign, Priority
 from delivery.models import Message
+from delivery.selectors import pending_and_sending_by_priority
 from scheduling.models import RecurringSchedule
 
 
@@ -116,20 +117,9 @@ def queue_snapshot() -> dict[str, dict[str, int]]:
     `due_at <= now`); processing = `sending`.
 
     No index serves `status = 'queued'` (it would cost every fan-out insert), so this is one
-    sequential scan of delivery_message; see docs/scheduling.md for the measured cost."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            SELECT priority,
-                   count(*) FILTER (WHERE status = 'queued'
-                                       OR (status IN ('scheduled', 'retry_wait') AND due_at <= now())),
-                   count(*) FILTER (WHERE status = 'sending')
-              FROM delivery_message
-             WHERE status IN ('queued', 'scheduled', 'retry_wait', 'sending')
-             GROUP BY priority
-            """
-        )
-        counts = {priority: (pending, sending) for priority, pending, sending in cursor.fetchall()}
+    sequential scan of delivery_message (delivery.selectors); see docs/scheduling.md for the
+    measured cost."""
+    counts = pending_and_sending_by_priority()
     return {
         p: {"pending": int(counts.get(p, (0, 0))[0]), "processing": int(counts.get(p, (0, 0))[1])}
         for p in Priority.values

@@ -14,6 +14,7 @@ from campaigns.exceptions import CampaignStateError
 from campaigns.models import Campaign, Contact, Suppression
 from core.models import OutboxEvent
 from delivery.models import Message
+from delivery.services import transitions
 from delivery.services.sending import send_messages
 from delivery.testing.smtp_server import SMTPTestServer
 from tests.broker import queued_tasks
@@ -123,7 +124,7 @@ def test_paused_campaign_messages_are_not_claimed_and_resume_publishes_them_agai
     send_batches()  # the tasks run while paused: they claim nothing
     assert smtp.count == 0 and Message.objects.filter(status="queued").count() == 20
     lifecycle.resume(campaign.pk)
-    assert lifecycle.requeue_queued(campaign.pk) == 20
+    assert transitions.republish_queued(campaign.pk) == 20
     send_batches()
     assert sorted(m.rcpt_tos[0] for m in smtp.wait_for(20)) == sorted(
         f"r{n}@example.com" for n in range(1, 21)

@@ -16,7 +16,7 @@ from campaigns.models import Template
 from core.schedule_index import index_after_commit, message_unit
 from delivery.exceptions import IdempotencyConflict
 from delivery.models import ApiKey, Message, MessageStatus
-from delivery.services import send_events
+from delivery.services import send_events, transitions
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ def accept_message(
     with transaction.atomic():
         try:
             with transaction.atomic():
-                message.save(force_insert=True)
+                transitions.insert(message)
         except IntegrityError:
             if not idempotency_key:
                 raise

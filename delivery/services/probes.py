@@ -106,6 +106,7 @@ SELECT extract(epoch FROM least(
        ) - make_interval(secs => %s))
 """
 
+
 @dataclass
 class ProbeReport:
     published: list[str] = field(default_factory=list)  # queues that got a new probe

@@ -12,7 +12,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from scheduling.reconciler import republish_queued
+from delivery.services.transitions import republish_queued
 
 
 class Command(BaseCommand):

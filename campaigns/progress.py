@@ -1,0 +1,89 @@
+"""A campaign's progress: its counters and its completion, written only here (and by fan-out,
+which owns `total_count`, `excluded_count` and the cursor).
+
+Delivery calls `move_counters` inside the transaction that moved the message rows it counts
+(same connection, same `atomic`), so the counters never drift from the messages whatever was
+redelivered or requeued meanwhile. This module imports nothing of delivery.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+
+from django.db import connection
+
+# Campaign counter per final message status.
+COUNTERS = {
+    "sent": "sent_count",
+    "failed": "failed_count",
+    "suppressed": "suppressed_count",
+    "cancelled": "cancelled_count",
+}
+
+
+def _finished(added: str = "0") -> str:
+    """The completion rule, as SQL over a campaigns_campaign row: fan-out is done and every
+    message is finished (`added` more finished than its counters say so far)."""
+    return (
+        "status = 'sending' AND fanout_done"
+        " AND sent_count + failed_count + suppressed_count + cancelled_count"
+        f" + {added} >= total_count"
+    )
+
+
+_FINISHED_WITH_DONE = _finished("%(done)s")
+
+_MOVE_SQL = f"""
+UPDATE campaigns_campaign
+   SET sent_count = sent_count + %(sent)s,
+       failed_count = failed_count + %(failed)s,
+       suppressed_count = suppressed_count + %(suppressed)s,
+       cancelled_count = cancelled_count + %(cancelled)s,
+       status = CASE WHEN {_FINISHED_WITH_DONE} THEN 'completed' ELSE status END,
+       completed_at = CASE WHEN {_FINISHED_WITH_DONE} THEN now() ELSE completed_at END,
+       updated_at = now()
+ WHERE id = %(id)s
+"""
+
+_COMPLETE_SQL = f"""
+UPDATE campaigns_campaign
+   SET status = 'completed', completed_at = now(), updated_at = now()
+ WHERE id = ANY(%s) AND {_finished()}
+RETURNING id
+"""
+
+
+def move_counters(moved: Counter[tuple[int, str]]) -> None:
+    """Move each campaign's counters by (campaign id, final status) → rows (negative: rows that
+    are unfinished again), and complete it if that finished it. Runs in the caller's transaction."""
+    by_campaign: dict[int, dict[str, int]] = defaultdict(dict)
+    for (campaign_id, status), count in moved.items():
+        by_campaign[campaign_id][COUNTERS[status]] = count
+    with connection.cursor() as cursor:
+        for campaign_id, counts in sorted(by_campaign.items()):  # a fixed order: no deadlocks
+            sent, failed, suppressed, cancelled = (counts.get(c, 0) for c in COUNTERS.values())
+            cursor.execute(
+                _MOVE_SQL,
+                {
+                    "sent": sent,
+                    "failed": failed,
+                    "suppressed": suppressed,
+                    "cancelled": cancelled,
+                    "done": sent + failed + suppressed + cancelled,
+                    "id": campaign_id,
+                },
+            )
+
+
+def complete_if_finished(campaign_ids: Sequence[int]) -> list[int]:
+    """Mark these sending campaigns completed if fan-out is done and every message is finished;
+    return those completed.
+
+    Send workers complete a campaign as they record its last messages (`move_counters`); this
+    covers the cases where no message is left to record (an empty list, or the last ones
+    finished while paused).
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(_COMPLETE_SQL, [list(campaign_ids)])
+        return [row[0] for row in cursor.fetchall()]

@@ -1,0 +1,534 @@
+"""The message state machine: every write to `delivery_message` outside migrations is here.
+
+    scheduled → queued → sending → sent | failed | suppressed | cancelled, plus retry_wait
+
+One function per transition, each a set-based conditional statement (`UPDATE … WHERE status =
+<expected>`, `INSERT … ON CONFLICT DO NOTHING`) that moves only the rows still in the state the
+caller expects and returns exactly the rows it moved. Callers act on those rows only: that is why
+a task delivered twice, two workers racing for one batch or two schedulers polling at once move
+each message once.
+
+Each function runs on the caller's connection and inside the caller's transaction, so whatever
+the caller writes about the moved rows (campaign counters through `campaigns.progress`, outbox
+events, the schedule index after commit) commits or rolls back with them. The two republish
+walks are the exception: they run their own keyset steps, one transaction each, and record the
+send events themselves.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db import connection, transaction
+
+from delivery.models import Message
+from delivery.services import send_events
+
+# --- accept -------------------------------------------------------------------------------------
+
+
+def insert(message: Message) -> None:
+    """A new transactional message (`queued`, or `scheduled` with a future `due_at`)."""
+    message.save(force_insert=True)
+
+
+# --- materialise a campaign's messages (fan-out) ------------------------------------------------
+
+# The next `limit` list members after the cursor, in contact-id order (keyset pagination over the
+# (list, contact) unique index).
+_MEMBERS = """
+WITH members AS (
+    SELECT lm.contact_id
+      FROM campaigns_listmembership AS lm
+     WHERE lm.contact_list_id = %(list_id)s AND lm.contact_id > %(cursor)s
+     ORDER BY lm.contact_id
+     LIMIT %(limit)s
+)"""
+# What a step reports: the new cursor, how many members it looked at, the ids it created.
+_RESULT = """
+SELECT (SELECT max(contact_id) FROM members),
+       (SELECT count(*) FROM members),
+       (SELECT coalesce(array_agg(id ORDER BY id), '{}') FROM created)
+"""
+
+_STEP_SQL = f"""
+{_MEMBERS.strip()}, created AS (
+    INSERT INTO delivery_message (campaign_id, contact_id, template_id, to_email, priority, status, queued_at)
+    SELECT %(campaign_id)s, c.id, %(template_id)s, c.email, %(priority)s, 'queued', now()
+      FROM members
+      JOIN campaigns_contact AS c ON c.id = members.contact_id
+     WHERE c.status = 'active'
+       AND NOT EXISTS (SELECT 1 FROM campaigns_suppression AS s WHERE s.email = c.email)
+     ORDER BY c.id
+    ON CONFLICT (campaign_id, contact_id) DO NOTHING
+    RETURNING id
+)
+{_RESULT.strip()}
+"""
+
+
+# Local-time campaigns: the same step, but each message is `scheduled` at its contact's local
+# instant, from a small table of timezone → instant computed once (scheduling.localtime).
+# Contacts in a timezone the campaign skips (policy `skip`) join to nothing and are excluded.
+_LOCAL_STEP_SQL = f"""
+{_MEMBERS.strip()}, zones AS (
+    SELECT * FROM unnest(%(zones)s::text[], %(dues)s::timestamptz[]) AS z(name, due)
+), created AS (
+    INSERT INTO delivery_message (campaign_id, contact_id, template_id, to_email, priority, status, due_at)
+    SELECT %(campaign_id)s, c.id, %(template_id)s, c.email, %(priority)s, 'scheduled', zones.due
+      FROM members
+      JOIN campaigns_contact AS c ON c.id = members.contact_id
+      JOIN zones ON zones.name = c.timezone
+     WHERE c.status = 'active'
+       AND NOT EXISTS (SELECT 1 FROM campaigns_suppression AS s WHERE s.email = c.email)
+     ORDER BY c.id
+    ON CONFLICT (campaign_id, contact_id) DO NOTHING
+    RETURNING id
+)
+{_RESULT.strip()}
+"""
+
+
+def materialise_step(
+    *,
+    campaign_id: int,
+    list_id: int,
+    cursor: int,
+    limit: int,
+    template_id: int | None,
+    priority: str,
+    zones: dict[str, datetime] | None = None,
+) -> tuple[int | None, int, list[int]]:
+    """Insert the campaign's messages for the next `limit` members of its list after `cursor`
+    (`queued`, or with `zones` `scheduled` at each contact's local instant), one
+    `INSERT … SELECT … ON CONFLICT DO NOTHING`: a replayed step inserts nothing twice.
+
+    Returns the last member looked at (None when there was none), how many members were looked
+    at, and the ids created.
+    """
+    params: dict[str, Any] = {
+        "list_id": list_id,
+        "cursor": cursor,
+        "limit": limit,
+        "campaign_id": campaign_id,
+        "template_id": template_id,
+        "priority": priority,
+    }
+    if zones is not None:
+        params.update(zones=list(zones), dues=list(zones.values()))
+    with connection.cursor() as db:
+        db.execute(_LOCAL_STEP_SQL if zones is not None else _STEP_SQL, params)
+        last_member, members, ids = db.fetchone()
+    return last_member, members, list(ids)
+
+
+# --- scheduled / retry_wait → queued (the scheduler) --------------------------------------------
+
+
+def queue_due(message_ids: Sequence[int]) -> tuple[list[tuple[int, str]], list[tuple[int, datetime]]]:
+    """Queue these `scheduled`/`retry_wait` messages if they are due.
+
+    Returns (id, priority) of the rows queued, and (id, due_at) of those still waiting but not
+    due yet: a unit can come early (the reconciler read a retry just before it was rescheduled
+    later, and the index keeps the earlier score), and goes back in the index at its real time.
+    """
+    with connection.cursor() as db:
+        db.execute(
+            """
+            UPDATE delivery_message SET status = 'queued', queued_at = clock_timestamp()
+             WHERE id = ANY(%s) AND status IN ('scheduled', 'retry_wait')
+               AND due_at <= clock_timestamp() + interval '1 second'
+            RETURNING id, priority
+            """,
+            [list(message_ids)],
+        )
+        queued: list[tuple[int, str]] = db.fetchall()
+        moved = {message_id for message_id, _ in queued}
+        db.execute(
+            """
+            SELECT id, due_at FROM delivery_message
+             WHERE id = ANY(%s) AND status IN ('scheduled', 'retry_wait')
+            """,
+            [[i for i in message_ids if i not in moved]],
+        )
+        early: list[tuple[int, datetime]] = db.fetchall()
+    return queued, early
+
+
+def queue_slot(campaign_id: int, due_epoch: int | None) -> list[tuple[int, str]]:
+    """Queue a local-time campaign's messages scheduled at this instant; (id, priority) moved."""
+    with connection.cursor() as db:
+        db.execute(
+            """
+            UPDATE delivery_message SET status = 'queued', queued_at = clock_timestamp()
+             WHERE status = 'scheduled' AND due_at = to_timestamp(%s) AND campaign_id = %s
+            RETURNING id, priority
+            """,
+            [due_epoch, campaign_id],
+        )
+        return db.fetchall()
+
+
+# --- queued → sending (the send worker's claim) -------------------------------------------------
+
+# The claim also reports whether each address is suppressed, saving a query per batch.
+_CLAIM_SQL = """
+UPDATE delivery_message AS m
+   SET status = 'sending', attempts = attempts + 1, claimed_at = clock_timestamp()
+ WHERE m.id = ANY(%s) AND m.status = 'queued'
+   -- A campaign's messages go only while it is sending: pause and cancel take effect per batch.
+   AND (m.campaign_id IS NULL
+        OR EXISTS (SELECT 1 FROM campaigns_campaign AS c WHERE c.id = m.campaign_id AND c.status = 'sending'))
+RETURNING m.id, m.campaign_id, m.contact_id, m.template_id, m.to_email, m.from_email, m.reply_to,
+          m.subject, m.html, m.text, m.context, m.priority, m.attempts,
+          EXISTS (SELECT 1 FROM campaigns_suppression AS s WHERE s.email = lower(m.to_email))
+"""
+
+_CLAIM_COLUMNS = (
+    "id", "campaign_id", "contact_id", "template_id", "to_email", "from_email", "reply_to",
+    "subject", "html", "text", "context", "priority", "attempts", "suppressed",
+)  # fmt: skip
+
+
+@dataclass
+class ClaimedMessage:
+    id: int
+    campaign_id: int | None
+    contact_id: int | None
+    template_id: int | None
+    to_email: str
+    from_email: str | None
+    reply_to: str | None
+    subject: str | None
+    html: str | None
+    text: str | None
+    context: Any
+    priority: str
+    attempts: int
+    suppressed: bool
+
+
+def claim(message_ids: Sequence[int]) -> list[ClaimedMessage]:
+    """`queued` → `sending` for the given ids whose campaign, if any, is sending; one attempt spent."""
+    with connection.cursor() as db:
+        db.execute(_CLAIM_SQL, [list(message_ids)])
+        rows = db.fetchall()
+    claimed = [ClaimedMessage(**dict(zip(_CLAIM_COLUMNS, row, strict=True))) for row in rows]
+    for message in claimed:
+        if isinstance(message.context, str):  # raw SQL hands back jsonb as text
+            message.context = json.loads(message.context)
+    return claimed
+
+
+# --- sending → sent | failed | suppressed | retry_wait | cancelled (recording a batch) ---------
+
+
+@dataclass
+class Outcomes:
+    sent: dict[str, list[tuple[int, str | None]]] = field(default_factory=lambda: defaultdict(list))
+    failed: list[tuple[int, str]] = field(default_factory=list)
+    suppressed: list[tuple[int, str]] = field(default_factory=list)
+    retry: list[tuple[int, datetime, str]] = field(default_factory=list)
+    # Like retry, but no provider was tried (every circuit open or paused): the claim's attempt
+    # is given back, so an outage of any length burns no attempts.
+    deferred: list[tuple[int, datetime, str]] = field(default_factory=list)
+    # Addresses to put on the suppression list: (email, detail).
+    bounced: list[tuple[str, str]] = field(default_factory=list)
+
+
+# (campaign id, final status) → how many of its rows reached that status.
+Moved = Counter[tuple[int, str]]
+
+
+@dataclass
+class Recorded:
+    moved: Moved = field(default_factory=Counter)
+    # (id, due_at) of the rows now in retry_wait, for the schedule index.
+    retrying: list[tuple[int, datetime]] = field(default_factory=list)
+
+
+def record_outcomes(outcomes: Outcomes) -> Recorded:
+    """Move a claimed batch out of `sending`, each UPDATE conditional on the row still being
+    `sending`; report the campaign of each row really moved, by final status."""
+    recorded = Recorded()
+    with connection.cursor() as db:
+        for provider, sent in outcomes.sent.items():
+            if sent:
+                ids, provider_ids = zip(*sent, strict=True)
+                db.execute(
+                    """
+                    UPDATE delivery_message AS m
+                       SET status = 'sent', sent_at = clock_timestamp(), provider = %s,
+                           provider_message_id = v.provider_message_id, last_error = NULL
+                      FROM unnest(%s::bigint[], %s::text[]) AS v(id, provider_message_id)
+                     WHERE m.id = v.id AND m.status = 'sending'
+                    RETURNING m.campaign_id
+                    """,
+                    [provider, list(ids), list(provider_ids)],
+                )
+                _count(recorded.moved, db.fetchall(), "sent")
+        for status, rows in (("failed", outcomes.failed), ("suppressed", outcomes.suppressed)):
+            if rows:
+                ids, errors = zip(*rows, strict=True)
+                db.execute(
+                    """
+                    UPDATE delivery_message AS m
+                       SET status = %s, last_error = v.error
+                      FROM unnest(%s::bigint[], %s::text[]) AS v(id, error)
+                     WHERE m.id = v.id AND m.status = 'sending'
+                    RETURNING m.campaign_id
+                    """,
+                    [status, list(ids), list(errors)],
+                )
+                _count(recorded.moved, db.fetchall(), status)
+        retried = []
+        for waiting, given_back in ((outcomes.retry, 0), (outcomes.deferred, 1)):
+            if not waiting:
+                continue
+            ids, due, errors = zip(*waiting, strict=True)
+            # A campaign cancelled while this batch was in flight gets no retry: the message is
+            # cancelled (and counted) instead of waiting for a retry no one would ever claim.
+            db.execute(
+                """
+                UPDATE delivery_message AS m
+                   SET status = CASE WHEN c.status = 'cancelled' THEN 'cancelled' ELSE 'retry_wait' END,
+                       due_at = v.due_at, last_error = v.error,
+                       attempts = GREATEST(m.attempts - %s, 0)
+                  FROM unnest(%s::bigint[], %s::timestamptz[], %s::text[]) AS v(id, due_at, error)
+                  LEFT JOIN campaigns_campaign AS c ON c.id = (SELECT campaign_id FROM delivery_message WHERE id = v.id)
+                 WHERE m.id = v.id AND m.status = 'sending'
+                RETURNING m.id, m.campaign_id, m.status, m.due_at
+                """,
+                [given_back, list(ids), list(due), list(errors)],
+            )
+            retried += db.fetchall()
+    _count(recorded.moved, [(c,) for _, c, status, _ in retried if status == "cancelled"], "cancelled")
+    recorded.retrying = [(i, d) for i, _, status, d in retried if status == "retry_wait"]
+    return recorded
+
+
+def _count(moved: Moved, rows: list[tuple[int | None]], status: str) -> None:
+    for (campaign_id,) in rows:
+        if campaign_id is not None:
+            moved[(campaign_id, status)] += 1
+
+
+# --- sending → queued | failed after the lease (a dead worker's claim) -------------------------
+
+
+def requeue_stale(*, lease_seconds: float, max_attempts: int) -> tuple[list[tuple[int, str]], Moved]:
+    """Give back rows claimed longer ago than the lease: `queued` again, or `failed` once they
+    have used every attempt. Returns (id, priority) requeued and the failed rows by campaign."""
+    with connection.cursor() as db:
+        db.execute(
+            """
+            UPDATE delivery_message
+               SET status = CASE WHEN attempts >= %s THEN 'failed' ELSE 'queued' END,
+                   last_error = CASE WHEN attempts >= %s
+                                     THEN 'gave up: its worker died while sending, ' || attempts || ' attempt(s)'
+                                     ELSE last_error END,
+                   queued_at = clock_timestamp()
+             WHERE status = 'sending'
+               AND claimed_at < clock_timestamp() - make_interval(secs => %s)
+            RETURNING id, priority, status, campaign_id
+            """,
+            [max_attempts, max_attempts, lease_seconds],
+        )
+        returned = db.fetchall()
+    requeued = [(message_id, priority) for message_id, priority, status, _ in returned if status == "queued"]
+    failed: Moved = Counter(
+        (campaign_id, "failed")
+        for _, _, status, campaign_id in returned
+        if status == "failed" and campaign_id
+    )
+    return requeued, failed
+
+
+# --- failed → queued (operator retry) -----------------------------------------------------------
+
+
+def requeue_failed(message_ids: Sequence[int]) -> list[tuple[int, str, int | None]]:
+    """`failed` → `queued` with attempts reset to 0, unless the address is suppressed or the
+    message's campaign is neither sending nor paused. Returns (id, priority, campaign id) moved."""
+    with connection.cursor() as db:
+        db.execute(
+            """
+            UPDATE delivery_message AS m
+               SET status = 'queued', attempts = 0, queued_at = clock_timestamp(),
+                   due_at = NULL, claimed_at = NULL
+             WHERE m.id = ANY(%s) AND m.status = 'failed'
+               AND NOT EXISTS (SELECT 1 FROM campaigns_suppression AS s WHERE s.email = lower(m.to_email))
+               AND (m.campaign_id IS NULL
+                    OR EXISTS (SELECT 1 FROM campaigns_campaign AS c
+                                WHERE c.id = m.campaign_id AND c.status IN ('sending', 'paused')))
+            RETURNING m.id, m.priority, m.campaign_id
+            """,
+            [list(message_ids)],
+        )
+        return db.fetchall()
+
+
+# --- queued | scheduled | retry_wait → cancelled ------------------------------------------------
+
+# States that may be cancelled: nothing has been handed to a provider yet. A `sending` message
+# is at a provider right now; cancelling it could not stop the email.
+CANCELLABLE = ("queued", "scheduled", "retry_wait")
+
+
+def cancel(message_ids: Sequence[int], reason: str) -> list[tuple[int, int | None, str]]:
+    """Cancel these messages if they are still cancellable; (id, campaign id, status it had).
+
+    The row lock in the CTE re-reads each row's status after any concurrent writer commits, so the
+    status returned is the one that was really cancelled.
+    """
+    with connection.cursor() as db:
+        db.execute(
+            """
+            WITH target AS (
+                SELECT id, status FROM delivery_message
+                 WHERE id = ANY(%s) AND status = ANY(%s)
+                 ORDER BY id
+                   FOR UPDATE
+            )
+            UPDATE delivery_message AS m
+               SET status = 'cancelled', last_error = %s
+              FROM target
+             WHERE m.id = target.id
+            RETURNING m.id, m.campaign_id, target.status
+            """,
+            [list(message_ids), list(CANCELLABLE), reason],
+        )
+        return db.fetchall()
+
+
+@dataclass
+class CampaignCancelled:
+    cancelled: int
+    # What indexed its pending work: the epochs of its scheduled slots, its retrying message ids.
+    slot_epochs: list[int]
+    retry_ids: list[int]
+
+
+def cancel_campaign(campaign_id: int) -> CampaignCancelled:
+    """Cancel every message of a campaign not yet handed to a provider (the campaign's own row
+    is the caller's: `campaigns.lifecycle.cancel`, under its lock)."""
+    with connection.cursor() as db:
+        db.execute(
+            """
+            SELECT coalesce(array_agg(DISTINCT floor(extract(epoch FROM due_at))::bigint)
+                            FILTER (WHERE status = 'scheduled'), '{}'),
+                   coalesce(array_agg(id) FILTER (WHERE status = 'retry_wait'), '{}')
+              FROM delivery_message
+             WHERE campaign_id = %s AND status IN ('scheduled', 'retry_wait')
+            """,
+            [campaign_id],
+        )
+        slot_epochs, retry_ids = db.fetchone()
+        db.execute(
+            """
+            UPDATE delivery_message SET status = 'cancelled', last_error = 'campaign cancelled'
+             WHERE campaign_id = %s AND status IN ('queued', 'scheduled', 'retry_wait')
+            """,
+            [campaign_id],
+        )
+        return CampaignCancelled(db.rowcount, list(slot_epochs), list(retry_ids))
+
+
+# --- erasure: a recipient's address and content rewritten, status kept -------------------------
+
+
+def erase_recipient(email: str, placeholder: str) -> list[int]:
+    """Every message to `email` (any case) gets `placeholder` as its address and loses what may
+    quote the person (inline subject and bodies, context, last error); status, timestamps and
+    provider ids stay. Found through the UPPER(to_email) index. Returns the ids rewritten."""
+    with connection.cursor() as db:
+        db.execute(
+            """
+            UPDATE delivery_message
+               SET to_email = %s, context = NULL, subject = NULL, html = NULL, text = NULL,
+                   last_error = CASE WHEN last_error IS NULL THEN NULL ELSE 'recipient erased' END
+             WHERE UPPER(to_email) = UPPER(%s)
+            RETURNING id
+            """,
+            [placeholder, email],
+        )
+        return [row[0] for row in db.fetchall()]
+
+
+# --- queued → queued with a new send task (republishing) ---------------------------------------
+#
+# Every path that republishes an existing row moves its `queued_at` in the transaction that
+# records the new outbox event: the stranded-task probe (delivery/services/probes.py) must not
+# take a row republished after its probe for stranded.
+
+_REPUBLISH_SQL = """
+WITH step AS (
+    SELECT id FROM delivery_message
+     WHERE {campaign}status = 'queued' AND id > %(after)s
+     ORDER BY id LIMIT %(limit)s
+), moved AS (
+    UPDATE delivery_message AS m SET queued_at = clock_timestamp()
+      FROM step WHERE m.id = step.id AND m.status = 'queued'
+    RETURNING m.id, m.priority
+)
+SELECT (SELECT max(id) FROM step), coalesce((SELECT array_agg(id ORDER BY id) FROM moved), '{{}}'),
+       coalesce((SELECT array_agg(priority ORDER BY id) FROM moved), '{{}}')
+"""
+_REPUBLISH_ALL_SQL = _REPUBLISH_SQL.format(campaign="")
+_REPUBLISH_CAMPAIGN_SQL = _REPUBLISH_SQL.format(campaign="campaign_id = %(campaign_id)s AND ")
+
+
+def republish_queued(campaign_id: int | None = None, step: int = 50_000) -> int:
+    """Publish send tasks again for every `queued` message (or one campaign's), in keyset steps
+    of `step` rows, one transaction each; return how many were republished."""
+    sql = _REPUBLISH_ALL_SQL if campaign_id is None else _REPUBLISH_CAMPAIGN_SQL
+    last_id, total = 0, 0
+    while True:
+        with transaction.atomic(), connection.cursor() as db:
+            db.execute(sql, {"campaign_id": campaign_id, "after": last_id, "limit": step})
+            step_end, ids, priorities = db.fetchone()
+            if step_end is None:
+                return total
+            send_events.record_sends_by_priority(zip(ids, priorities, strict=True))
+        last_id, total = step_end, total + len(ids)
+
+
+# One statement for every checked queue: a sequential scan of delivery_message (no index
+# serves `status = 'queued'`, and one would cost every fan-out insert); 1M rows: see
+# docs/architecture.md for the measured figure. It runs at most once per probe cycle.
+_STRANDED_SQL = """
+UPDATE delivery_message AS m SET queued_at = clock_timestamp()
+ WHERE m.id IN (
+        SELECT s.id FROM delivery_message AS s
+          JOIN unnest(%s::text[], %s::float8[]) AS p(priority, cutoff) ON s.priority = p.priority
+          LEFT JOIN campaigns_campaign AS c ON c.id = s.campaign_id
+         WHERE s.status = 'queued'
+           AND coalesce(s.queued_at, s.created_at) < to_timestamp(p.cutoff)
+           AND (s.campaign_id IS NULL OR c.status = 'sending')
+         LIMIT %s)
+   AND m.status = 'queued'
+RETURNING m.id, m.priority
+"""
+
+
+def republish_stranded(cutoffs: dict[str, float], step: int) -> dict[str, int]:
+    """Republish `queued` rows of these priorities queued before their cutoff (campaign rows only
+    while the campaign is `sending`), `step` rows per transaction. Returns rows by priority."""
+    counts: dict[str, int] = {}
+    if not cutoffs:
+        return counts
+    priorities, values = list(cutoffs), [cutoffs[p] for p in cutoffs]
+    while True:
+        with transaction.atomic(), connection.cursor() as db:
+            db.execute(_STRANDED_SQL, [priorities, values, step])
+            rows = db.fetchall()
+            send_events.record_sends_by_priority(rows)
+        for _, priority in rows:
+            counts[priority] = counts.get(priority, 0) + 1
+        if len(rows) < step:
+            return counts
