@@ -19,6 +19,7 @@ import logging
 from datetime import UTC, datetime, timedelta
 
 from croniter import CroniterBadCronError, CroniterBadDateError, croniter  # type: ignore[import-untyped]
+from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -31,6 +32,8 @@ logger = logging.getLogger(__name__)
 
 # How many wall times to look at before concluding a cron expression never fires (`0 0 30 2 *`).
 _MAX_CANDIDATES = 5000
+# The fields that say when a schedule fires: changing one of them computes next_run again.
+RULE_FIELDS = frozenset({"cron", "timezone", "active"})
 
 
 class InvalidCron(ValueError):
@@ -50,6 +53,15 @@ def validate_cron(expression: str) -> str:
     if next_run(" ".join(fields), "UTC", datetime(2000, 1, 1, tzinfo=UTC)) is None:
         raise InvalidCron(f"{expression!r} never fires")
     return " ".join(fields)
+
+
+def clean_cron(expression: str) -> str:
+    """validate_cron for a form or serializer field (the admin and the API call this): the
+    normalised expression, or a ValidationError with InvalidCron's message."""
+    try:
+        return validate_cron(expression)
+    except InvalidCron as exc:
+        raise ValidationError(str(exc), code="invalid_cron") from None
 
 
 def next_run(expression: str, timezone_name: str, after: datetime) -> datetime | None:
@@ -76,6 +88,35 @@ def refresh_next_run(schedule: RecurringSchedule, *, now: datetime | None = None
     )
 
 
+def create_schedule(schedule: RecurringSchedule) -> RecurringSchedule:
+    """Save a new schedule with its first next_run (the API and the admin create through this)."""
+    refresh_next_run(schedule)
+    schedule.save()
+    return schedule
+
+
+def update_schedule(schedule_id: int, changes: dict[str, object]) -> RecurringSchedule:
+    """Write what an operator changed (the API and the admin update through this).
+
+    last_run and next_run belong to the beat (run_due). Only the fields whose value differs are
+    written, with the row locked so a tick firing it right now finishes first (its SKIP LOCKED
+    then passes over us); next_run is computed again only when a RULE_FIELDS field changed, so a
+    rename never skips an occurrence that is due.
+    """
+    with transaction.atomic():
+        schedule = RecurringSchedule.objects.select_for_update().get(pk=schedule_id)
+        fields = [field for field, value in changes.items() if getattr(schedule, field) != value]
+        if not fields:
+            return schedule
+        for field in fields:
+            setattr(schedule, field, changes[field])
+        if RULE_FIELDS & set(fields):
+            refresh_next_run(schedule)
+            fields.append("next_run")
+        schedule.save(update_fields=[*fields, "updated_at"])
+    return schedule
+
+
 def run_due(limit: int = 50) -> int:
     """Fire every due schedule once (beat calls this); return how many campaigns were created."""
     created = 0
@@ -90,7 +131,7 @@ def run_due(limit: int = 50) -> int:
             occurrence = schedule.next_run
             if occurrence is None:  # filtered on next_run <= now, so never; keeps the types honest
                 continue
-            if _fire(schedule, occurrence):
+            if fire(schedule, occurrence):
                 created += 1
             schedule.last_run = occurrence
             refresh_next_run(schedule, now=now)  # from now: missed occurrences collapse into one
@@ -98,7 +139,9 @@ def run_due(limit: int = 50) -> int:
     return created
 
 
-def _fire(schedule: RecurringSchedule, occurrence: datetime) -> bool:
+def fire(schedule: RecurringSchedule, occurrence: datetime) -> bool:
+    """Create the campaign of one occurrence and start it, unless this occurrence already fired
+    (UNIQUE(schedule, occurrence)); True when it created one."""
     local = occurrence.astimezone(zone(schedule.timezone))
     try:
         with transaction.atomic():

@@ -339,6 +339,30 @@ def test_recurring_schedule_api_validates_and_shows_next_run(api) -> None:  # no
     assert RecurringSchedule.objects.count() == 1
 
 
+def test_recurring_schedule_api_rename_keeps_the_beats_due_occurrence_and_a_new_cron_moves_it(
+    api,  # noqa: ANN001
+) -> None:
+    audience = make_audience(1)
+    campaign = make_campaign(audience)
+    due = (timezone.now() - timedelta(minutes=1)).replace(microsecond=0)
+    row = RecurringSchedule.objects.create(
+        name="daily", cron="0 9 * * *", timezone="UTC", template=campaign.template,
+        contact_list=audience, next_run=due, last_run=due - timedelta(days=1),
+    )  # fmt: skip
+    url = f"/api/v1/recurring-schedules/{row.pk}"
+    renamed = api.patch(url, {"name": "daily digest", "cron": "0 9 * * *"}, format="json")
+    assert renamed.status_code == 200, renamed.json()
+    row.refresh_from_db()
+    # The same rule as the admin's save (recurring.update_schedule): an unchanged rule keeps
+    # the occurrence that is due, so the beat still fires it.
+    assert (row.name, row.next_run, row.last_run) == ("daily digest", due, due - timedelta(days=1))
+    moved = api.patch(url, {"cron": "0 10 * * *"}, format="json")
+    assert moved.status_code == 200, moved.json()
+    row.refresh_from_db()
+    assert row.next_run is not None and row.next_run > timezone.now() and row.next_run.hour == 10
+    assert moved.json()["next_run"] == row.next_run.isoformat().replace("+00:00", "Z")
+
+
 @pytest.mark.django_db(transaction=True)
 def test_schedule_dashboard_has_the_source_design_shape_with_real_counts(api, redis) -> None:  # noqa: ANN001
     audience = make_audience(4)
