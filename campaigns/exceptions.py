@@ -8,10 +8,11 @@ class CampaignStateError(Exception):
 
 
 class InvalidSchedule(CampaignStateError):
-    """A schedule that can never run as asked (a time already past); `field` names the input at
-    fault. A CampaignStateError, so every caller that shows those (the admin) shows this too;
-    the API checks it first and answers 400."""
+    """A schedule that can never run as asked (a type not built yet, an input its type needs, a
+    time already past); `errors` maps each input at fault to what is wrong with it. A
+    CampaignStateError, so every caller that shows those (the admin) shows this too; the API
+    checks it first and answers 400 with `errors` as its field errors."""
 
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field
+    def __init__(self, errors: dict[str, str]) -> None:
+        super().__init__("; ".join(f"{field}: {message}" for field, message in errors.items()))
+        self.errors = errors

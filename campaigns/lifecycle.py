@@ -45,7 +45,7 @@ _LATEST_UTC_OFFSET = timedelta(hours=-12)
 _LAST_LOCAL_DATE = date.max - timedelta(days=2)
 
 
-def check_schedule_time(
+def check_schedule(
     schedule_type: str,
     scheduled_at: datetime | None,
     local_date: date | None,
@@ -53,28 +53,44 @@ def check_schedule_time(
     *,
     now: datetime | None = None,
 ) -> None:
-    """Refuse a schedule whose moment is over: `at` before now minus PAST_SCHEDULE_GRACE, or a
-    `local_time` whose wall time has passed in every timezone (past_time_policy is for the
-    recipients for whom it has passed, not for a date that is over everywhere)."""
+    """The schedule rule (schedule() and the API's ScheduleSerializer both call it): refuse a
+    type not built yet, a type without the inputs it needs, and a schedule whose moment is over:
+    `at` before now minus PAST_SCHEDULE_GRACE, or a `local_time` whose wall time has passed in
+    every timezone (past_time_policy is for the recipients for whom it has passed, not for a
+    date that is over everywhere)."""
+    if schedule_type not in SUPPORTED_SCHEDULES:
+        raise InvalidSchedule(
+            {"type": f"{schedule_type!r} is not available yet; use immediate, at or local_time"}
+        )
+    if schedule_type == Campaign.ScheduleType.AT and scheduled_at is None:
+        raise InvalidSchedule({"scheduled_at": "required for type 'at'"})
+    if schedule_type == Campaign.ScheduleType.LOCAL_TIME:
+        given = {"local_date": local_date, "local_time": local_time}
+        missing = {field: "required for type 'local_time'" for field, value in given.items() if value is None}
+        if missing:
+            raise InvalidSchedule(missing)
     now = now or timezone.now()
     if schedule_type == Campaign.ScheduleType.AT and scheduled_at is not None:
         if scheduled_at < now - PAST_SCHEDULE_GRACE:
             raise InvalidSchedule(
-                "scheduled_at",
-                f"{scheduled_at.isoformat()} is in the past; give a future instant, or type 'immediate'",
+                {
+                    "scheduled_at": f"{scheduled_at.isoformat()} is in the past; give a future instant, "
+                    "or type 'immediate'"
+                }
             )
     if schedule_type == Campaign.ScheduleType.LOCAL_TIME and local_date and local_time:
         if local_date >= _LAST_LOCAL_DATE:
             # Its instants in the western timezones (and `next_day`) are past datetime's range.
             raise InvalidSchedule(
-                "local_date", f"{local_date.isoformat()} is too far ahead; give an earlier date"
+                {"local_date": f"{local_date.isoformat()} is too far ahead; give an earlier date"}
             )
         latest = datetime.combine(local_date, local_time, tzinfo=UTC) - _LATEST_UTC_OFFSET
         if latest <= now:
             raise InvalidSchedule(
-                "local_date",
-                f"{local_date.isoformat()} {local_time.isoformat()} has passed in every timezone "
-                "(the latest, UTC-12, included); give a later date",
+                {
+                    "local_date": f"{local_date.isoformat()} {local_time.isoformat()} has passed in "
+                    "every timezone (the latest, UTC-12, included); give a later date"
+                }
             )
 
 
@@ -96,20 +112,12 @@ def schedule(
     """Schedule a draft.
 
     `immediate` starts now; `at` starts at `scheduled_at` (up to PAST_SCHEDULE_GRACE in the
-    past: now; earlier: InvalidSchedule); `local_time`
+    past: now; earlier: InvalidSchedule, as for every check_schedule refusal); `local_time`
     fans out now into messages each due at `local_time` on `local_date` in its contact's
     timezone (scheduling.localtime has the DST rules; `past_time_policy` says what happens to
     recipients for whom that moment has passed).
     """
-    if schedule_type not in SUPPORTED_SCHEDULES:
-        raise CampaignStateError(
-            f"schedule type {schedule_type!r} is not available yet; use one of {sorted(SUPPORTED_SCHEDULES)}"
-        )
-    if schedule_type == Campaign.ScheduleType.AT and scheduled_at is None:
-        raise CampaignStateError("schedule type 'at' needs scheduled_at")
-    if schedule_type == Campaign.ScheduleType.LOCAL_TIME and (local_date is None or local_time is None):
-        raise CampaignStateError("schedule type 'local_time' needs local_date and local_time")
-    check_schedule_time(schedule_type, scheduled_at, local_date, local_time)
+    check_schedule(schedule_type, scheduled_at, local_date, local_time)
     with transaction.atomic():
         campaign = _locked(campaign_id)
         if campaign.status != Status.DRAFT:

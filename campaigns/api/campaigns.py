@@ -92,24 +92,12 @@ class ScheduleSerializer(serializers.Serializer):
     past_time_policy = serializers.ChoiceField(choices=Campaign.PastTimePolicy.choices, required=False)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        if attrs["type"] not in lifecycle.SUPPORTED_SCHEDULES:
-            raise serializers.ValidationError(
-                {"type": f"{attrs['type']!r} is not available yet; use immediate, at or local_time"}
-            )
-        if attrs["type"] == Campaign.ScheduleType.AT and "scheduled_at" not in attrs:
-            raise serializers.ValidationError({"scheduled_at": "required for type 'at'"})
-        if attrs["type"] == Campaign.ScheduleType.LOCAL_TIME:
-            missing = {
-                f: "required for type 'local_time'" for f in ("local_date", "local_time") if f not in attrs
-            }
-            if missing:
-                raise serializers.ValidationError(missing)
-        try:
-            lifecycle.check_schedule_time(
+        try:  # the rule is lifecycle's, which schedule() applies again
+            lifecycle.check_schedule(
                 attrs["type"], attrs.get("scheduled_at"), attrs.get("local_date"), attrs.get("local_time")
             )
         except InvalidSchedule as exc:
-            raise serializers.ValidationError({exc.field: [str(exc)]}) from None
+            raise serializers.ValidationError({f: [m] for f, m in exc.errors.items()}) from None
         return attrs
 
 
