@@ -8,6 +8,8 @@ from celery import Celery
 from celery.signals import beat_init, task_prerun
 from kombu import Exchange, Queue, pools
 
+from emailhub.periodic import ensure_periodic_tasks  # models imported inside it, at call time
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "emailhub.settings")
 
 app = Celery("emailhub")
@@ -32,8 +34,8 @@ def reset_broker_connections() -> None:
     deregisters the app and keeps the producer pool), so this does what Celery does after a fork
     (`Celery._after_fork`), in this one place."""
     pools.reset()  # kombu's global registry of pools, keyed by connection
-    app._pool = None
-    app.amqp._producer_pool = None
+    app._pool = None  # type: ignore[attr-defined]
+    app.amqp._producer_pool = None  # type: ignore[attr-defined]
 
 
 @task_prerun.connect
@@ -47,6 +49,4 @@ def _fresh_database_connection(**_: object) -> None:
 
 @beat_init.connect
 def _ensure_periodic_tasks(**_: object) -> None:
-    from emailhub.periodic import ensure_periodic_tasks
-
     ensure_periodic_tasks()

@@ -13,6 +13,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
+from campaigns import lifecycle
 from campaigns.models import Campaign, Contact, ContactList, Suppression, Template
 from core import schedule_index
 from core.models import OutboxEvent
@@ -274,6 +275,33 @@ def test_a_started_campaigns_form_saves_only_its_name_and_a_drafts_goes_through_
     assert response.status_code == 302
     draft.refresh_from_db()
     assert (draft.template_id, draft.priority, draft.status) == (other.pk, "low", "draft")
+
+
+def test_a_drafts_form_save_goes_through_update_draft_which_refuses_a_draft_scheduled_meanwhile(
+    admin_client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    draft = campaign("draft")
+    original = draft.template_id
+    other = Template.objects.create(name="other", subject="s2", text="y")
+    form = form_of(admin_client.get(change_url(draft)).content.decode())
+    calls: list[tuple[int, dict[str, object]]] = []
+    update_draft = lifecycle.update_draft
+
+    def scheduled_first(campaign_id: int, changes: dict[str, object]) -> Campaign:
+        # Another operator schedules it after the admin read it as a draft, before the save.
+        calls.append((campaign_id, dict(changes)))
+        Campaign.objects.filter(pk=campaign_id).update(status="scheduled")
+        return update_draft(campaign_id, changes)
+
+    monkeypatch.setattr(lifecycle, "update_draft", scheduled_first)
+    response = admin_client.post(
+        change_url(draft), {**form, "template": str(other.pk), "priority": "low"}, follow=True
+    )
+    assert response.status_code == 200
+    assert calls == [(draft.pk, {"template": other, "priority": "low"})]
+    assert "not saved" in page_messages(response)
+    draft.refresh_from_db()
+    assert (draft.template_id, draft.priority, draft.status) == (original, "normal", "scheduled")
 
 
 def test_contact_status_written_by_a_bounce_survives_a_save_of_the_open_page(admin_client: Client) -> None:
