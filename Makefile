@@ -31,4 +31,4 @@ test: venv services
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy emailhub campaigns delivery scheduling scripts
+	$(VENV)/bin/mypy emailhub core campaigns delivery scheduling scripts

@@ -196,6 +196,10 @@ class ArchivedFilter(admin.SimpleListFilter):
         return queryset.filter(archived_at__isnull=True)
 
 
+# What the admin may edit of a draft (besides its name).
+DRAFT_CONTENT = ("template", "contact_list", "from_email", "priority", "window_hours")
+
+
 @admin.register(Campaign)
 class CampaignAdmin(admin.ModelAdmin):
     """State changes go through the actions (lifecycle services). Status, counters, cursor and
@@ -222,13 +226,14 @@ class CampaignAdmin(admin.ModelAdmin):
     )
     list_filter = (ArchivedFilter, "status", "priority", "schedule_type")
     search_fields = ("name",)
+    draft_content = DRAFT_CONTENT
+    # Everything but the name and a draft's content is written by the lifecycle services and the
+    # workers (status, schedule, cursor, counters): derived from the model, so a counter added
+    # later can never become a form field that a Save writes back.
     always_readonly = (
-        "status", "schedule_type", "scheduled_at", "local_date", "local_time", "past_time_policy",
-        "created_at", "updated_at", "started_at", "completed_at", "archived_at", "fanout_cursor",
-        "fanout_done", "total_count", "excluded_count", "sent_count", "failed_count", "suppressed_count",
-        "cancelled_count", "progress",
-    )  # fmt: skip
-    draft_content = ("template", "contact_list", "from_email", "priority", "window_hours")
+        *(f.name for f in Campaign._meta.fields if f.name not in ("id", "name", *DRAFT_CONTENT)),
+        "progress",
+    )
 
     def get_readonly_fields(self, request: HttpRequest, obj: Campaign | None = None) -> tuple[str, ...]:
         if obj is not None and obj.status != Campaign.Status.DRAFT:

@@ -30,9 +30,9 @@ from django.utils import timezone
 
 from campaigns.models import Campaign
 from campaigns.progress import complete_if_finished
+from core.localtime import due_by_timezone
 from core.schedule_index import index_after_commit, slot_unit
 from delivery.services import send_events, transitions
-from scheduling.localtime import due_by_timezone
 
 logger = logging.getLogger(__name__)
 
@@ -108,19 +108,19 @@ def _fan_out(
 
 
 # The first key of the two-key advisory lock space that fan-out uses ("FAN").
-_LOCK_CLASS = 0x46414E
+LOCK_CLASS = 0x46414E
 
 
 def wait_for_step(campaign_id: int) -> None:
     """Block until the campaign's fan-out step in flight (if any) has committed; hold the lock
     for the rest of the caller's transaction, so no new step starts before it commits."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [_LOCK_CLASS, campaign_id])
+        cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [LOCK_CLASS, campaign_id])
 
 
 def _try_lock(campaign_id: int) -> bool:
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", [_LOCK_CLASS, campaign_id])
+        cursor.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", [LOCK_CLASS, campaign_id])
         return bool(cursor.fetchone()[0])
 
 

@@ -114,7 +114,7 @@ def schedule(
     `immediate` starts now; `at` starts at `scheduled_at` (up to PAST_SCHEDULE_GRACE in the
     past: now; earlier: InvalidSchedule, as for every check_schedule refusal); `local_time`
     fans out now into messages each due at `local_time` on `local_date` in its contact's
-    timezone (scheduling.localtime has the DST rules; `past_time_policy` says what happens to
+    timezone (core.localtime has the DST rules; `past_time_policy` says what happens to
     recipients for whom that moment has passed).
     """
     check_schedule(schedule_type, scheduled_at, local_date, local_time)

@@ -6,8 +6,8 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models.functions import Now
 
-from campaigns.timezones import validate_timezone
 from core.templating import TemplateSyntaxError, check_syntax
+from core.timezones import validate_timezone
 
 
 class Priority(models.TextChoices):

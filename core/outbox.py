@@ -15,11 +15,12 @@ import logging
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import Min
 from django.utils import timezone
 
 from core.models import OutboxEvent
@@ -131,6 +132,11 @@ def record_many(events: list[tuple[str, Payload]], *, publisher: Executor | None
 
 def record(kind: str, payload: Payload) -> None:
     record_many([(kind, payload)])
+
+
+def oldest_pending(kind: str) -> datetime | None:
+    """When the oldest unpublished event of `kind` was recorded (None: none is waiting)."""
+    return OutboxEvent.objects.filter(kind=kind).aggregate(oldest=Min("created_at"))["oldest"]
 
 
 def relay(limit: int = 500) -> int:

@@ -190,7 +190,7 @@ def guarded_call(name: str, func: Callable[[], T]) -> T:
     breaker = breaker_for(name)
     state = breaker.current_state
     if state == pybreaker.STATE_CLOSED:
-        return _call(breaker, func)
+        return call_replayed(breaker, func)
     if state == pybreaker.STATE_OPEN and not _probe_due(breaker):
         wait = _seconds_until_probe(breaker)
         raise CircuitOpen(f"circuit open, next probe in {wait:.0f} s", wait)
@@ -204,7 +204,7 @@ def guarded_call(name: str, func: Callable[[], T]) -> T:
         raise CircuitOpen(f"circuit {state}, another process is probing it", PROBE_WAIT_SECONDS)
     try:
         logger.info("probing %s (circuit %s)", name, state)
-        return _call(breaker, func)
+        return call_replayed(breaker, func)
     finally:
         try:
             # Only our own token: if ours expired during a long probe, another process holds it now.
@@ -213,7 +213,12 @@ def guarded_call(name: str, func: Callable[[], T]) -> T:
             pass
 
 
-def _call(breaker: pybreaker.CircuitBreaker, func: Callable[[], T]) -> T:
+def call_replayed(breaker: pybreaker.CircuitBreaker, func: Callable[[], T]) -> T:
+    """Call `func` and count its outcome on `breaker` (a throttled provider counts neither way).
+
+    `guarded_call` is what senders use; this is the step under it, public so a test can drive
+    two breakers (two processes sharing one Redis state) through a race.
+    """
     # The provider is called first and its outcome then replayed through the breaker, so that a
     # ProviderThrottled can bypass it: pybreaker treats any exception it does not count as a
     # success and resets the failure count (and closes a half-open circuit), but a provider

@@ -10,6 +10,7 @@ from django.conf import settings
 from django.db import connection
 from django.db.models import QuerySet
 
+from campaigns.selectors import campaign_status_sql, suppressed_sql
 from delivery.breakers import snapshot
 from delivery.models import ApiKey, Message
 from delivery.permissions import can_manage
@@ -70,12 +71,9 @@ def message_states(message_ids: Sequence[int]) -> dict[int, tuple[str, bool, str
     """id → (status, address suppressed, campaign status or None), for the ids that exist."""
     with connection.cursor() as cursor:
         cursor.execute(
-            """
-            SELECT m.id, m.status,
-                   EXISTS (SELECT 1 FROM campaigns_suppression AS s WHERE s.email = lower(m.to_email)),
-                   c.status
+            f"""
+            SELECT m.id, m.status, {suppressed_sql("m.to_email")}, {campaign_status_sql("m.campaign_id")}
               FROM delivery_message AS m
-              LEFT JOIN campaigns_campaign AS c ON c.id = m.campaign_id
              WHERE m.id = ANY(%s)
             """,
             [list(message_ids)],

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.db import models
 
 from campaigns.models import Campaign, ContactList, Priority, Template
-from campaigns.timezones import validate_timezone
+from core.timezones import validate_timezone
 
 
 class RecurringSchedule(models.Model):

@@ -1,7 +1,7 @@
 """Recurring schedules: a 5-field cron expression in an IANA timezone that creates campaigns.
 
 Next runs are found by iterating the cron expression over *naive local wall times* and resolving
-each one with scheduling.localtime's rules. So a daily 01:30 job fires once per local date even
+each one with core.localtime's rules. So a daily 01:30 job fires once per local date even
 on a fall-back day (croniter ≥ 6.1, iterating aware datetimes, yields that 01:30 twice), and a
 job whose wall time falls in a spring-forward gap fires at the first valid instant after it. Two
 wall times that resolve to one instant (02:00 and 03:00 on spring-forward day) fire once: the
@@ -25,7 +25,7 @@ from django.utils import timezone
 
 from campaigns import lifecycle
 from campaigns.models import Campaign
-from scheduling.localtime import localize, zone
+from core.localtime import localize, zone
 from scheduling.models import RecurringSchedule, ScheduleOccurrence
 
 logger = logging.getLogger(__name__)

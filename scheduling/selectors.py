@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import connection
 from django.db.models import Count, Q
 
 from campaigns.models import Campaign, Priority
+from campaigns.selectors import audience_size
 from delivery.models import Message
 from delivery.selectors import pending_and_sending_by_priority
 from scheduling.models import RecurringSchedule
@@ -50,21 +50,6 @@ def _recurring_rows(status: str | None) -> list[dict[str, Any]]:
     return rows
 
 
-def _audience_size(contact_list_id: int) -> int:
-    """What fan-out would create now: the list's active members whose address is not suppressed."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            SELECT count(*) FROM campaigns_listmembership AS lm
-              JOIN campaigns_contact AS c ON c.id = lm.contact_id
-             WHERE lm.contact_list_id = %s AND c.status = 'active'
-               AND NOT EXISTS (SELECT 1 FROM campaigns_suppression AS s WHERE s.email = c.email)
-            """,
-            [contact_list_id],
-        )
-        return int(cursor.fetchone()[0])
-
-
 def _scheduled_rows(status: str | None) -> list[dict[str, Any]]:
     # Immediate campaigns are shown while they run (sending, or paused mid-send); once finished
     # they are history, not schedules.
@@ -103,7 +88,7 @@ def _scheduled_rows(status: str | None) -> list[dict[str, Any]]:
                 "status": c.status,
                 # Before fan-out (a scheduled `at` campaign, or one paused before it started)
                 # there are no messages yet: its audience is what is pending.
-                "pending_count": _audience_size(c.contact_list_id)
+                "pending_count": audience_size(c.contact_list_id)
                 if c.status in ("scheduled", "paused") and c.started_at is None and not c.pending
                 else c.pending,
             }

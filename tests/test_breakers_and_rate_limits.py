@@ -151,11 +151,11 @@ def test_two_processes_tripping_at_once_count_one_opening() -> None:
 
     def in_flight_when_the_other_trips() -> list[SendResult]:
         with pytest.raises(ProviderUnavailable):
-            breakers._call(second, down)  # the third failure: the other process opens it
+            breakers.call_replayed(second, down)  # the third failure: the other process opens it
         raise ProviderUnavailable("timed out")  # then this call, started while closed, fails too
 
     with pytest.raises(ProviderUnavailable):
-        breakers._call(first, in_flight_when_the_other_trips)
+        breakers.call_replayed(first, in_flight_when_the_other_trips)
     snapshot = breakers.snapshot("ses")
     assert snapshot["state"] == "open" and snapshot["failures_total"] == 4
     assert snapshot["times_opened"] == 1

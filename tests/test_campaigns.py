@@ -79,7 +79,7 @@ def test_a_second_fan_out_of_the_same_campaign_backs_off() -> None:
 
     def hold_lock() -> None:
         with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [fanout._LOCK_CLASS, campaign.pk])
+            cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [fanout.LOCK_CLASS, campaign.pk])
             holding.set()
             release.wait(10)
         connection.close()

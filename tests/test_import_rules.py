@@ -27,7 +27,16 @@ APPS = ("campaigns", "scheduling", "delivery")
 LAYERS = ("emailhub", *APPS, "core")
 # What each app offers the others. Anything not listed here is that app's own business.
 PUBLIC: dict[str, set[str]] = {
-    "campaigns": {"models", "services", "selectors", "exceptions", "lifecycle", "progress", "erasure"},
+    "campaigns": {
+        "models",
+        "services",
+        "selectors",
+        "exceptions",
+        "lifecycle",
+        "progress",
+        "erasure",
+        "suppressions",
+    },
     "scheduling": {"models", "services", "selectors", "exceptions"},
     "delivery": {"models", "services", "selectors", "exceptions"},
 }

@@ -13,10 +13,10 @@ from django.utils import timezone
 from campaigns import lifecycle
 from campaigns.models import Contact
 from core import schedule_index
+from core.localtime import zone
 from delivery.models import Message
 from delivery.testing.smtp_server import SMTPTestServer
 from scheduling import reconciler
-from scheduling.localtime import zone
 from scripts.stack import Stack
 from tests.broker import queued_tasks
 from tests.campaign_data import make_audience, make_campaign

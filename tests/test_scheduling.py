@@ -13,10 +13,10 @@ from django.utils import timezone
 from campaigns import fanout, lifecycle
 from campaigns.models import Campaign, Contact
 from core import schedule_index
+from core.localtime import local_due, localize, zone
 from delivery.models import Message
 from scheduling import reconciler, recurring
 from scheduling.dispatch import dispatch
-from scheduling.localtime import local_due, localize, zone
 from scheduling.models import RecurringSchedule, ScheduleOccurrence
 from tests.broker import queued_tasks
 from tests.campaign_data import make_audience, make_campaign

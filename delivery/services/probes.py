@@ -44,8 +44,9 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from django.db import connection
 
+from core import outbox
 from delivery.breakers import redis_client
-from delivery.services import transitions
+from delivery.services import send_events, transitions
 from emailhub.celery import PRIORITY_QUEUES
 from emailhub.celery import app as celery_app
 
@@ -100,7 +101,7 @@ _DROP = (
 _CUTOFF_SQL = """
 SELECT extract(epoch FROM least(
          clock_timestamp(),
-         (SELECT min(created_at) FROM delivery_outboxevent WHERE kind = 'send_messages'),
+         %s::timestamptz,
          (SELECT min(xact_start) FROM pg_stat_activity
            WHERE datname = current_database() AND backend_xid IS NOT NULL AND pid <> pg_backend_pid())
        ) - make_interval(secs => %s))
@@ -126,7 +127,7 @@ def mark_consumed(queue: str, token: str) -> bool:
 
 def current_cutoff(margin: float) -> float:
     with connection.cursor() as cursor:
-        cursor.execute(_CUTOFF_SQL, [margin])
+        cursor.execute(_CUTOFF_SQL, [outbox.oldest_pending(send_events.SEND_MESSAGES), margin])
         return float(cursor.fetchone()[0])
 
 

@@ -12,6 +12,7 @@ from django.db import transaction
 
 from campaigns.models import Suppression
 from campaigns.progress import move_counters
+from campaigns.suppressions import suppress
 from core.schedule_index import index_after_commit, message_unit
 from delivery.services.transitions import Outcomes, record_outcomes
 
@@ -21,12 +22,5 @@ def record(outcomes: Outcomes) -> None:
         recorded = record_outcomes(outcomes)
         if recorded.retrying:
             index_after_commit([(message_unit(i), due) for i, due in recorded.retrying])
-        if outcomes.bounced:
-            Suppression.objects.bulk_create(
-                [
-                    Suppression(email=email.lower(), reason=Suppression.Reason.BOUNCED, detail=detail[:2000])
-                    for email, detail in outcomes.bounced
-                ],
-                ignore_conflicts=True,
-            )
+        suppress(outcomes.bounced, Suppression.Reason.BOUNCED)
         move_counters(recorded.moved)

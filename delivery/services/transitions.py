@@ -26,6 +26,7 @@ from typing import Any
 
 from django.db import connection, transaction
 
+from campaigns.selectors import AUDIENCE_STEP_CTES, campaign_status_sql, suppressed_sql
 from delivery.models import Message
 from delivery.services import send_events
 
@@ -39,16 +40,6 @@ def insert(message: Message) -> None:
 
 # --- materialise a campaign's messages (fan-out) ------------------------------------------------
 
-# The next `limit` list members after the cursor, in contact-id order (keyset pagination over the
-# (list, contact) unique index).
-_MEMBERS = """
-WITH members AS (
-    SELECT lm.contact_id
-      FROM campaigns_listmembership AS lm
-     WHERE lm.contact_list_id = %(list_id)s AND lm.contact_id > %(cursor)s
-     ORDER BY lm.contact_id
-     LIMIT %(limit)s
-)"""
 # What a step reports: the new cursor, how many members it looked at, the ids it created.
 _RESULT = """
 SELECT (SELECT max(contact_id) FROM members),
@@ -57,14 +48,11 @@ SELECT (SELECT max(contact_id) FROM members),
 """
 
 _STEP_SQL = f"""
-{_MEMBERS.strip()}, created AS (
+WITH {AUDIENCE_STEP_CTES}, created AS (
     INSERT INTO delivery_message (campaign_id, contact_id, template_id, to_email, priority, status, queued_at)
-    SELECT %(campaign_id)s, c.id, %(template_id)s, c.email, %(priority)s, 'queued', now()
-      FROM members
-      JOIN campaigns_contact AS c ON c.id = members.contact_id
-     WHERE c.status = 'active'
-       AND NOT EXISTS (SELECT 1 FROM campaigns_suppression AS s WHERE s.email = c.email)
-     ORDER BY c.id
+    SELECT %(campaign_id)s, a.id, %(template_id)s, a.email, %(priority)s, 'queued', now()
+      FROM audience AS a
+     ORDER BY a.id
     ON CONFLICT (campaign_id, contact_id) DO NOTHING
     RETURNING id
 )
@@ -73,20 +61,17 @@ _STEP_SQL = f"""
 
 
 # Local-time campaigns: the same step, but each message is `scheduled` at its contact's local
-# instant, from a small table of timezone → instant computed once (scheduling.localtime).
+# instant, from a small table of timezone → instant computed once (core.localtime).
 # Contacts in a timezone the campaign skips (policy `skip`) join to nothing and are excluded.
 _LOCAL_STEP_SQL = f"""
-{_MEMBERS.strip()}, zones AS (
+WITH {AUDIENCE_STEP_CTES}, zones AS (
     SELECT * FROM unnest(%(zones)s::text[], %(dues)s::timestamptz[]) AS z(name, due)
 ), created AS (
     INSERT INTO delivery_message (campaign_id, contact_id, template_id, to_email, priority, status, due_at)
-    SELECT %(campaign_id)s, c.id, %(template_id)s, c.email, %(priority)s, 'scheduled', zones.due
-      FROM members
-      JOIN campaigns_contact AS c ON c.id = members.contact_id
-      JOIN zones ON zones.name = c.timezone
-     WHERE c.status = 'active'
-       AND NOT EXISTS (SELECT 1 FROM campaigns_suppression AS s WHERE s.email = c.email)
-     ORDER BY c.id
+    SELECT %(campaign_id)s, a.id, %(template_id)s, a.email, %(priority)s, 'scheduled', zones.due
+      FROM audience AS a
+      JOIN zones ON zones.name = a.timezone
+     ORDER BY a.id
     ON CONFLICT (campaign_id, contact_id) DO NOTHING
     RETURNING id
 )
@@ -177,16 +162,15 @@ def queue_slot(campaign_id: int, due_epoch: int | None) -> list[tuple[int, str]]
 # --- queued → sending (the send worker's claim) -------------------------------------------------
 
 # The claim also reports whether each address is suppressed, saving a query per batch.
-_CLAIM_SQL = """
+_CLAIM_SQL = f"""
 UPDATE delivery_message AS m
    SET status = 'sending', attempts = attempts + 1, claimed_at = clock_timestamp()
  WHERE m.id = ANY(%s) AND m.status = 'queued'
    -- A campaign's messages go only while it is sending: pause and cancel take effect per batch.
-   AND (m.campaign_id IS NULL
-        OR EXISTS (SELECT 1 FROM campaigns_campaign AS c WHERE c.id = m.campaign_id AND c.status = 'sending'))
+   AND (m.campaign_id IS NULL OR {campaign_status_sql("m.campaign_id")} = 'sending')
 RETURNING m.id, m.campaign_id, m.contact_id, m.template_id, m.to_email, m.from_email, m.reply_to,
           m.subject, m.html, m.text, m.context, m.priority, m.attempts,
-          EXISTS (SELECT 1 FROM campaigns_suppression AS s WHERE s.email = lower(m.to_email))
+          {suppressed_sql("m.to_email")}
 """
 
 _CLAIM_COLUMNS = (
@@ -294,13 +278,13 @@ def record_outcomes(outcomes: Outcomes) -> Recorded:
             # A campaign cancelled while this batch was in flight gets no retry: the message is
             # cancelled (and counted) instead of waiting for a retry no one would ever claim.
             db.execute(
-                """
+                f"""
                 UPDATE delivery_message AS m
-                   SET status = CASE WHEN c.status = 'cancelled' THEN 'cancelled' ELSE 'retry_wait' END,
+                   SET status = CASE WHEN {campaign_status_sql("m.campaign_id")} = 'cancelled'
+                                     THEN 'cancelled' ELSE 'retry_wait' END,
                        due_at = v.due_at, last_error = v.error,
                        attempts = GREATEST(m.attempts - %s, 0)
                   FROM unnest(%s::bigint[], %s::timestamptz[], %s::text[]) AS v(id, due_at, error)
-                  LEFT JOIN campaigns_campaign AS c ON c.id = (SELECT campaign_id FROM delivery_message WHERE id = v.id)
                  WHERE m.id = v.id AND m.status = 'sending'
                 RETURNING m.id, m.campaign_id, m.status, m.due_at
                 """,
@@ -357,15 +341,14 @@ def requeue_failed(message_ids: Sequence[int]) -> list[tuple[int, str, int | Non
     message's campaign is neither sending nor paused. Returns (id, priority, campaign id) moved."""
     with connection.cursor() as db:
         db.execute(
-            """
+            f"""
             UPDATE delivery_message AS m
                SET status = 'queued', attempts = 0, queued_at = clock_timestamp(),
                    due_at = NULL, claimed_at = NULL
              WHERE m.id = ANY(%s) AND m.status = 'failed'
-               AND NOT EXISTS (SELECT 1 FROM campaigns_suppression AS s WHERE s.email = lower(m.to_email))
+               AND NOT {suppressed_sql("m.to_email")}
                AND (m.campaign_id IS NULL
-                    OR EXISTS (SELECT 1 FROM campaigns_campaign AS c
-                                WHERE c.id = m.campaign_id AND c.status IN ('sending', 'paused')))
+                    OR {campaign_status_sql("m.campaign_id")} IN ('sending', 'paused'))
             RETURNING m.id, m.priority, m.campaign_id
             """,
             [list(message_ids)],
@@ -501,15 +484,14 @@ def republish_queued(campaign_id: int | None = None, step: int = 50_000) -> int:
 # One statement for every checked queue: a sequential scan of delivery_message (no index
 # serves `status = 'queued'`, and one would cost every fan-out insert); 1M rows: see
 # docs/architecture.md for the measured figure. It runs at most once per probe cycle.
-_STRANDED_SQL = """
+_STRANDED_SQL = f"""
 UPDATE delivery_message AS m SET queued_at = clock_timestamp()
  WHERE m.id IN (
         SELECT s.id FROM delivery_message AS s
           JOIN unnest(%s::text[], %s::float8[]) AS p(priority, cutoff) ON s.priority = p.priority
-          LEFT JOIN campaigns_campaign AS c ON c.id = s.campaign_id
          WHERE s.status = 'queued'
            AND coalesce(s.queued_at, s.created_at) < to_timestamp(p.cutoff)
-           AND (s.campaign_id IS NULL OR c.status = 'sending')
+           AND (s.campaign_id IS NULL OR {campaign_status_sql("s.campaign_id")} = 'sending')
          LIMIT %s)
    AND m.status = 'queued'
 RETURNING m.id, m.priority

@@ -23,6 +23,8 @@ class ReceivedMessage:
     rcpt_tos: list[str]
     data: bytes
     received_at: float = field(default_factory=time.time)
+    # The client's (host, port): messages that share it came over one SMTP connection.
+    peer: tuple[str, int] | None = None
 
     def parsed(self) -> EmailMessage:
         return message_from_bytes(self.data, policy=policy.default)  # type: ignore[return-value]
@@ -61,7 +63,9 @@ class _Handler:
         with self.lock:
             if self.data_reply:
                 return self.data_reply
-        received = ReceivedMessage(envelope.mail_from, list(envelope.rcpt_tos), envelope.content)
+        received = ReceivedMessage(
+            envelope.mail_from, list(envelope.rcpt_tos), envelope.content, peer=tuple(session.peer[:2])
+        )
         with self.lock:
             self.messages.append(received)
         return "250 Message accepted for delivery"

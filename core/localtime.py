@@ -14,7 +14,7 @@ from datetime import UTC, date, datetime, time, timedelta
 from functools import lru_cache
 from zoneinfo import ZoneInfo
 
-from campaigns.timezones import known_timezones
+from core.timezones import known_timezones
 
 
 @lru_cache(maxsize=1024)

@@ -1,0 +1,58 @@
+"""Reads of the campaigns tables for other apps.
+
+Some reads have to be part of another app's statement to stay set-based: fan-out's
+`INSERT … SELECT` into delivery_message walks a list's audience, and the send claim checks each
+message's campaign and address in the same `UPDATE`. Those reads are SQL fragments, defined here
+so that what "the audience of a list", "a suppressed address" and "a campaign's status" mean is
+written once, by the app that owns these tables; the caller composes them into its own
+statement. Everything else is an ordinary function returning values.
+"""
+
+from __future__ import annotations
+
+from django.db import connection
+
+# The next %(limit)s members of list %(list_id)s after contact id %(cursor)s, in contact-id order
+# (keyset pagination over the (list, contact) unique index), then those of them fan-out may mail:
+# active and not suppressed. Two CTEs, `members` (every member looked at: the cursor moves past
+# all of them) and `audience` (contact id, email, timezone); `audience` is referenced once, so
+# PostgreSQL inlines it and the plan is that of one INSERT … SELECT over the join.
+AUDIENCE_STEP_CTES = """
+members AS (
+    SELECT lm.contact_id
+      FROM campaigns_listmembership AS lm
+     WHERE lm.contact_list_id = %(list_id)s AND lm.contact_id > %(cursor)s
+     ORDER BY lm.contact_id
+     LIMIT %(limit)s
+), audience AS (
+    SELECT c.id, c.email, c.timezone
+      FROM members
+      JOIN campaigns_contact AS c ON c.id = members.contact_id
+     WHERE c.status = 'active'
+       AND NOT EXISTS (SELECT 1 FROM campaigns_suppression AS s WHERE s.email = c.email)
+)""".strip()
+
+
+def suppressed_sql(address: str) -> str:
+    """SQL boolean: the address expression `address` is on the suppression list (stored lower-case)."""
+    return f"EXISTS (SELECT 1 FROM campaigns_suppression AS s WHERE s.email = lower({address}))"
+
+
+def campaign_status_sql(campaign_id: str) -> str:
+    """SQL scalar: the status of the campaign whose id is the expression `campaign_id` (NULL if none)."""
+    return f"(SELECT c.status FROM campaigns_campaign AS c WHERE c.id = {campaign_id})"
+
+
+def audience_size(contact_list_id: int) -> int:
+    """What fan-out would create now: the list's active members whose address is not suppressed."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT count(*) FROM campaigns_listmembership AS lm
+              JOIN campaigns_contact AS c ON c.id = lm.contact_id
+             WHERE lm.contact_list_id = %s AND c.status = 'active'
+               AND NOT EXISTS (SELECT 1 FROM campaigns_suppression AS s WHERE s.email = c.email)
+            """,
+            [contact_list_id],
+        )
+        return int(cursor.fetchone()[0])
