@@ -181,6 +181,11 @@ class Campaign(models.Model):
     failed_count = models.PositiveIntegerField(default=0)
     suppressed_count = models.PositiveIntegerField(default=0)
     cancelled_count = models.PositiveIntegerField(default=0)
+    # What recipients and providers reported after sending (webhooks, DSNs, unsubscribe links),
+    # each moved once per message by delivery.services.events through campaigns.progress.
+    bounced_count = models.PositiveIntegerField(default=0)
+    complained_count = models.PositiveIntegerField(default=0)
+    unsubscribed_count = models.PositiveIntegerField(default=0)
 
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

@@ -164,20 +164,34 @@ class EmailEvent(models.Model):
     """Something that happened to a sent message: delivery, bounce, complaint, open, click."""
 
     class Kind(models.TextChoices):
-        DELIVERED = "delivered"
-        BOUNCED = "bounced"
-        COMPLAINED = "complained"
+        DELIVERED = "delivered"  # the receiving server accepted it
+        DEFERRED = "deferred"  # the provider is retrying delivery (SendGrid deferred)
+        DELAYED = "delayed"  # delivery delayed (SES DeliveryDelay)
+        BOUNCED = "bounced"  # permanent or transient, see `bounce`
+        DROPPED = "dropped"  # the provider refused to try (SendGrid dropped)
+        REJECTED = "rejected"  # the provider rejected it before sending (SES Reject)
+        COMPLAINED = "complained"  # marked as spam (feedback loop)
         OPENED = "opened"
         CLICKED = "clicked"
         UNSUBSCRIBED = "unsubscribed"
+
+    class Bounce(models.TextChoices):
+        NONE = ""
+        PERMANENT = "permanent"  # hard: the address does not exist / is blocked; suppressed
+        TRANSIENT = "transient"  # soft: mailbox full, greylisted; never suppresses
 
     message = models.ForeignKey(
         Message, null=True, blank=True, on_delete=models.CASCADE, related_name="events"
     )
     kind = models.CharField(max_length=16, choices=Kind.choices)
     provider = models.CharField(max_length=20, blank=True, default="")
-    # The provider's own event id; with the provider it makes a replayed webhook a no-op.
+    # The provider's own event id; with the provider it makes a replayed webhook a no-op. For a
+    # notification that covers several recipients (SNS) it is per recipient.
     provider_event_id = models.CharField(max_length=255, null=True, blank=True)
+    # The address the event is about (lower-cased), kept even when no message matched.
+    recipient = models.CharField(max_length=254, blank=True, default="")
+    bounce = models.CharField(max_length=10, choices=Bounce.choices, blank=True, default="")
+    detail = models.TextField(blank=True, default="")  # bounce subtype, diagnostic, complaint type
     occurred_at = models.DateTimeField()
     payload = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
