@@ -87,3 +87,36 @@ def complete_if_finished(campaign_ids: Sequence[int]) -> list[int]:
     with connection.cursor() as cursor:
         cursor.execute(_COMPLETE_SQL, [list(campaign_ids)])
         return [row[0] for row in cursor.fetchall()]
+
+
+# Campaign counter per feedback category (a Suppression.Reason): what recipients and providers
+# reported after sending. Moved once per message and category by delivery.services.events.
+FEEDBACK_COUNTERS = {
+    "bounced": "bounced_count",
+    "complained": "complained_count",
+    "unsubscribed": "unsubscribed_count",
+}
+
+_MOVE_FEEDBACK_SQL = """
+UPDATE campaigns_campaign
+   SET bounced_count = bounced_count + %(bounced)s,
+       complained_count = complained_count + %(complained)s,
+       unsubscribed_count = unsubscribed_count + %(unsubscribed)s,
+       updated_at = now()
+ WHERE id = %(id)s
+"""
+
+
+def move_feedback_counters(moved: Counter[tuple[int, str]]) -> None:
+    """Add to each campaign's feedback counters by (campaign id, category) → messages. Feedback
+    never completes a campaign (it arrives after the message finished). Runs in the caller's
+    transaction; the caller guarantees a message is counted once per category."""
+    by_campaign: dict[int, dict[str, int]] = defaultdict(dict)
+    for (campaign_id, category), count in moved.items():
+        by_campaign[campaign_id][category] = by_campaign[campaign_id].get(category, 0) + count
+    with connection.cursor() as cursor:
+        for campaign_id, counts in sorted(by_campaign.items()):  # a fixed order: no deadlocks
+            cursor.execute(
+                _MOVE_FEEDBACK_SQL,
+                {**{c: counts.get(c, 0) for c in FEEDBACK_COUNTERS}, "id": campaign_id},
+            )

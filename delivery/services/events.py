@@ -1,0 +1,257 @@
+"""Recording what providers and recipients report after sending: events, once, and their
+consequences (suppressions and campaign feedback counters).
+
+Every source (the SES and SendGrid webhooks, `ingest_bounces` for SMTP DSNs, the one-click
+unsubscribe endpoint) turns what it received into `ProviderEvent`s and calls `record_events`
+once per request. The batch is written by ONE set-based statement, `INSERT … SELECT FROM
+unnest(…) ON CONFLICT (provider, provider_event_id) DO NOTHING RETURNING`, which also resolves
+each event's message (by our id, else by the provider's message id). Only the rows really
+inserted have consequences, so a replayed webhook (providers retry until they see a 2xx) changes
+nothing.
+
+Consequences, per inserted event (the rule is `consequence_of`):
+
+- bounced + permanent, or dropped/rejected + permanent (the source sets `bounce="permanent"`
+  on a SendGrid drop whose reason is a bounced or invalid address): suppress the address
+  (`bounced`) and count the message in its campaign's `bounced_count`;
+- complained: suppress (`complained`), `complained_count`;
+- unsubscribed: suppress (`unsubscribed`), `unsubscribed_count`. An `unsubscribed`
+  suppression stops marketing mail only (campaigns.selectors.suppressed_sql);
+- everything else (delivered, a transient bounce, deferred, delayed, opened, clicked, a drop or
+  reject that is not about the address): recorded, no consequence.
+
+A campaign counter moves once per message and category, however many events report it (SES and
+a DSN for the same bounce, a click on the unsubscribe link twice). A message's own status does
+not change: a `sent` message that later hard-bounces stays `sent` (it was handed over; the
+bounce is an event about it), so MessageStatus and the campaign's sent/failed/suppressed counts
+keep meaning "what emailhub did". Messages still queued to a suppressed address become
+`suppressed` when a worker claims them (the claim checks the suppression list).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db import connection, transaction
+
+from campaigns.models import Suppression
+from campaigns.progress import move_feedback_counters
+from campaigns.suppressions import suppress
+from delivery.models import EmailEvent
+
+Kind = EmailEvent.Kind
+
+# Provider names used in EmailEvent.provider by the event sources.
+PROVIDERS = ("ses", "sendgrid", "smtp", "emailhub")
+
+# EmailEvent.provider_event_id and recipient columns' sizes: longer ids are refused, not cut
+# (two ids sharing a 255-character prefix would collide and one event would be lost).
+EVENT_ID_MAX_CHARS = 255
+RECIPIENT_MAX_CHARS = 254
+# EmailEvent.detail is free text from a provider (a DSN's diagnostic can be long); keep rows small.
+DETAIL_MAX_CHARS = 2000
+
+# The three feedback categories: the suppression reason and the campaign counter they move.
+BOUNCED = Suppression.Reason.BOUNCED.value
+COMPLAINED = Suppression.Reason.COMPLAINED.value
+UNSUBSCRIBED = Suppression.Reason.UNSUBSCRIBED.value
+
+
+@dataclass(frozen=True)
+class ProviderEvent:
+    """One thing a provider (or a recipient) reported about one message and one recipient."""
+
+    provider: str  # "ses", "sendgrid", "smtp" (DSN), "emailhub" (our unsubscribe link)
+    event_id: str  # unique per provider and per recipient: the dedup key
+    kind: str  # an EmailEvent.Kind value
+    occurred_at: datetime  # aware, UTC
+    # Our Message id when known (SendGrid custom_args emailhub_id, the X-Emailhub-Message
+    # header, SES mail.headers). An id that matches no message is treated as unknown.
+    message_id: int | None = None
+    provider_message_id: str | None = None  # fallback lookup (Message.provider_message_id)
+    recipient: str = ""  # the address concerned; lower-cased here; the message's if empty
+    bounce: str = ""  # EmailEvent.Bounce: "permanent" | "transient" | ""
+    detail: str = ""  # subtype / diagnostic / complaint type, human readable
+    payload: dict[str, Any] = field(default_factory=dict)  # the provider's event (as received)
+
+
+@dataclass(frozen=True)
+class RecordedEvents:
+    received: int  # events in the batch
+    new: int  # events inserted (the rest were already recorded: duplicates)
+    duplicates: int
+    suppressed: int  # distinct addresses this batch asked to suppress (new events only)
+    unmatched: int  # new events that matched no message (kept, with the recipient)
+
+
+class InvalidEvent(ValueError):
+    """An event a source built wrongly (unknown kind, naive time, id too long): a bug in the
+    source or a payload to refuse with a 400, never stored."""
+
+
+def consequence_of(kind: str, bounce: str) -> str | None:
+    """The feedback category (a Suppression.Reason) an event of `kind`/`bounce` has, or None."""
+    permanent = bounce == EmailEvent.Bounce.PERMANENT
+    if kind in (Kind.BOUNCED, Kind.DROPPED, Kind.REJECTED) and permanent:
+        return BOUNCED
+    if kind == Kind.COMPLAINED:
+        return COMPLAINED
+    if kind == Kind.UNSUBSCRIBED:
+        return UNSUBSCRIBED
+    return None
+
+
+# The same rule as SQL over an EmailEvent row aliased `e`, for the "already counted" check.
+_CATEGORY_SQL = """
+CASE WHEN e.kind IN ('bounced', 'dropped', 'rejected') AND e.bounce = 'permanent' THEN 'bounced'
+     WHEN e.kind = 'complained' THEN 'complained'
+     WHEN e.kind = 'unsubscribed' THEN 'unsubscribed'
+END
+""".strip()
+
+# One statement for the whole batch. `resolved` finds each event's message by our id, else by
+# the provider's message id (the newest message with it; COALESCE evaluates the second lookup
+# only when the first found nothing). ON CONFLICT names the partial unique index's predicate
+# so PostgreSQL can infer it. The outer SELECT adds the campaign of each inserted row.
+_INSERT_SQL = """
+WITH incoming AS (
+    SELECT *
+      FROM unnest(%(provider)s::text[], %(event_id)s::text[], %(kind)s::text[],
+                  %(occurred_at)s::timestamptz[], %(message_id)s::bigint[],
+                  %(provider_message_id)s::text[], %(recipient)s::text[], %(bounce)s::text[],
+                  %(detail)s::text[], %(payload)s::jsonb[])
+           WITH ORDINALITY AS i(provider, event_id, kind, occurred_at, message_id,
+                                provider_message_id, recipient, bounce, detail, payload, n)
+), resolved AS (
+    SELECT i.*, COALESCE(
+               (SELECT m.id FROM delivery_message AS m WHERE m.id = i.message_id),
+               (SELECT m.id FROM delivery_message AS m
+                 WHERE i.provider_message_id IS NOT NULL
+                   AND m.provider_message_id = i.provider_message_id
+                 ORDER BY m.id DESC LIMIT 1)
+           ) AS resolved_id
+      FROM incoming AS i
+), inserted AS (
+    INSERT INTO delivery_emailevent
+           (message_id, kind, provider, provider_event_id, recipient, bounce, detail,
+            occurred_at, payload, created_at)
+    SELECT r.resolved_id, r.kind, r.provider, r.event_id,
+           COALESCE(NULLIF(r.recipient, ''),
+                    (SELECT lower(m.to_email) FROM delivery_message AS m WHERE m.id = r.resolved_id),
+                    ''),
+           r.bounce, r.detail, r.occurred_at, r.payload, now()
+      FROM resolved AS r
+     ORDER BY r.n
+    ON CONFLICT (provider, provider_event_id) WHERE provider_event_id IS NOT NULL DO NOTHING
+    RETURNING id, message_id, kind, recipient, bounce, detail
+)
+SELECT ins.id, ins.message_id, m.campaign_id, ins.kind, ins.recipient, ins.bounce, ins.detail
+  FROM inserted AS ins
+  LEFT JOIN delivery_message AS m ON m.id = ins.message_id
+"""
+
+# Which (message, category) pairs were already reported by events other than this batch's.
+_ALREADY_COUNTED_SQL = f"""
+SELECT DISTINCT e.message_id, {_CATEGORY_SQL}
+  FROM delivery_emailevent AS e
+ WHERE e.message_id = ANY(%s) AND NOT (e.id = ANY(%s))
+"""
+
+# First key of the two-key advisory lock space for feedback counting ("EVT"); the second is the
+# campaign id. Two requests reporting the same message concurrently would otherwise each see no
+# earlier event of the other (not yet committed) and both count it.
+LOCK_CLASS = 0x455654
+
+
+def _validated(event: ProviderEvent) -> ProviderEvent:
+    if event.kind not in Kind.values:
+        raise InvalidEvent(f"unknown event kind {event.kind!r}")
+    if event.bounce not in EmailEvent.Bounce.values:
+        raise InvalidEvent(f"unknown bounce type {event.bounce!r}")
+    if not event.provider or len(event.provider) > 20:
+        raise InvalidEvent(f"bad provider {event.provider!r}")
+    if not event.event_id or len(event.event_id) > EVENT_ID_MAX_CHARS:
+        raise InvalidEvent(f"event id must be 1 to {EVENT_ID_MAX_CHARS} characters")
+    if len(event.recipient) > RECIPIENT_MAX_CHARS:
+        raise InvalidEvent(f"recipient longer than {RECIPIENT_MAX_CHARS} characters")
+    if event.occurred_at.tzinfo is None or event.occurred_at.utcoffset() is None:
+        raise InvalidEvent("occurred_at must be timezone-aware")
+    if event.message_id is not None and not 0 < event.message_id < 2**63:
+        # Not a message of ours (a forged or foreign custom arg): look up by provider id instead.
+        return ProviderEvent(**{**event.__dict__, "message_id": None})
+    return event
+
+
+def _columns(events: Sequence[ProviderEvent]) -> dict[str, list[Any]]:
+    return {
+        "provider": [e.provider for e in events],
+        "event_id": [e.event_id for e in events],
+        "kind": [e.kind for e in events],
+        "occurred_at": [e.occurred_at for e in events],
+        "message_id": [e.message_id for e in events],
+        "provider_message_id": [e.provider_message_id or None for e in events],
+        "recipient": [e.recipient.strip().lower() for e in events],
+        "bounce": [e.bounce for e in events],
+        "detail": [e.detail[:DETAIL_MAX_CHARS] for e in events],
+        # json.dumps with default=str: a payload is what the provider sent, already JSON; the
+        # default only guards against a datetime a source put in.
+        "payload": [json.dumps(e.payload, default=str) for e in events],
+    }
+
+
+def record_events(events: Sequence[ProviderEvent]) -> RecordedEvents:
+    """Record a batch once, in one transaction, and apply the consequences of the new events.
+
+    Raises InvalidEvent (nothing written) if any event is malformed.
+    """
+    batch = [_validated(e) for e in events]
+    if not batch:
+        return RecordedEvents(received=0, new=0, duplicates=0, suppressed=0, unmatched=0)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(_INSERT_SQL, _columns(batch))
+        inserted = cursor.fetchall()
+
+        to_suppress: dict[str, tuple[str, str]] = {}  # address → (reason, detail); first wins
+        counted: dict[tuple[int, str], int] = {}  # (message, category) → campaign
+        new_ids = []
+        for event_id, message_id, campaign_id, kind, recipient, bounce, detail in inserted:
+            new_ids.append(event_id)
+            category = consequence_of(kind, bounce)
+            if category is None:
+                continue
+            if recipient:
+                to_suppress.setdefault(recipient, (category, detail))
+            if message_id is not None and campaign_id is not None:
+                counted[(message_id, category)] = campaign_id
+
+        if counted:
+            campaigns = sorted(set(counted.values()))  # a fixed order: no deadlocks
+            for campaign_id in campaigns:
+                cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [LOCK_CLASS, campaign_id])
+            cursor.execute(_ALREADY_COUNTED_SQL, [sorted({m for m, _ in counted}), new_ids])
+            for message_id, category in cursor.fetchall():
+                counted.pop((message_id, category), None)
+            feedback: Counter[tuple[int, str]] = Counter(
+                (campaign_id, category) for (_, category), campaign_id in counted.items()
+            )
+            move_feedback_counters(feedback)
+
+        by_reason: dict[str, list[tuple[str, str]]] = defaultdict(list)
+        for address, (reason, detail) in to_suppress.items():
+            by_reason[reason].append((address, detail))
+        for reason, addresses in sorted(by_reason.items()):
+            suppress(addresses, reason)
+
+    new = len(inserted)
+    return RecordedEvents(
+        received=len(batch),
+        new=new,
+        duplicates=len(batch) - new,
+        suppressed=len(to_suppress),
+        unmatched=sum(1 for row in inserted if row[1] is None),
+    )
