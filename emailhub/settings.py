@@ -183,6 +183,21 @@ SENDGRID_API_KEY = env_str("SENDGRID_API_KEY", "")
 SENDGRID_HOST = env_str("SENDGRID_HOST", "https://api.sendgrid.com")
 SENDGRID_TIMEOUT = env_float("SENDGRID_TIMEOUT", 10.0, minimum=0.1)
 
+# Provider webhooks (delivery/webhooks/), served at POST /api/v1/webhooks/{name}; adding one is
+# one module plus its path here. See docs/delivery.md, "Webhooks".
+EMAILHUB_WEBHOOK_CLASSES = env_list("EMAILHUB_WEBHOOK_CLASSES", ["delivery.webhooks.ses.SESWebhook"])
+# An SNS message is at most 256 KiB; a SendGrid batch of 1,000 events is about 1 MiB.
+EMAILHUB_WEBHOOK_MAX_BODY_BYTES = env_int("EMAILHUB_WEBHOOK_MAX_BODY_BYTES", 4 * 1024 * 1024, minimum=1024)
+# SNS topics whose notifications are accepted (full ARNs); empty refuses every SNS request.
+EMAILHUB_SES_SNS_TOPIC_ARNS = env_list("EMAILHUB_SES_SNS_TOPIC_ARNS", [])
+# The SNS API used to confirm subscriptions ("" = AWS's own endpoint for the topic's region).
+EMAILHUB_SNS_ENDPOINT_URL = env_str("EMAILHUB_SNS_ENDPOINT_URL", "")
+# Tests only: "official-prefix=local-base" pairs; a SigningCertURL that has PASSED the
+# https://sns.<region>.amazonaws.com check is fetched from the local base instead.
+EMAILHUB_SNS_CERT_FETCH_OVERRIDE = dict(
+    pair.split("=", 1) for pair in env_list("EMAILHUB_SNS_CERT_FETCH_OVERRIDE", []) if "=" in pair
+)
+
 # Circuit breakers (one per provider, state shared by every process through Redis). The source
 # design's figures: open after 10 consecutive provider failures, probe again after 5 minutes.
 EMAILHUB_BREAKER_FAIL_MAX = env_int("EMAILHUB_BREAKER_FAIL_MAX", 10, minimum=1)

@@ -21,6 +21,7 @@ urlpatterns = [
     path("api/v1/", include("delivery.api.urls")),
     path("api/v1/", include("campaigns.api.urls")),
     path("api/v1/", include("scheduling.api")),
+    path("api/v1/", include("delivery.webhooks.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("healthz", healthz, name="healthz"),

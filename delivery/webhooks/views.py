@@ -1,0 +1,66 @@
+"""`POST /api/v1/webhooks/{provider}`: the one view every provider webhook is served by."""
+
+from __future__ import annotations
+
+import logging
+
+from django.conf import settings
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import exceptions
+from rest_framework.permissions import BasePermission
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from delivery.webhooks import ForgedWebhook, InvalidWebhook, WebhookRequest, WebhookTooLarge, get_webhook
+
+logger = logging.getLogger(__name__)
+
+
+class SignatureIsTheAuth(BasePermission):
+    """Providers hold no API key: the webhook's signature check (step 1 of `Webhook.handle`) is
+    the authentication. Named here instead of an AllowAny so that nobody mistakes the open door
+    for an accident, and so that `ApiKeyScopes` (the default) is explicitly not applied."""
+
+    def has_permission(self, request: Request, view: object) -> bool:
+        return True
+
+
+class WebhookView(APIView):
+    authentication_classes: list[type] = []  # no key, no session: hence no CSRF check either
+    permission_classes = [SignatureIsTheAuth]
+    parser_classes: list[type] = []  # the raw body is read, never DRF's parsed data
+    required_scopes: dict[str, tuple[str, ...]] = {"POST": ()}
+
+    @extend_schema(
+        request={"application/json": dict, "text/plain": str},
+        responses={
+            200: OpenApiResponse(description="events received: counts of new and duplicate events"),
+            400: OpenApiResponse(description="forged (signature, certificate, topic) or unreadable"),
+            404: OpenApiResponse(description="no webhook for this provider"),
+            413: OpenApiResponse(description="body beyond EMAILHUB_WEBHOOK_MAX_BODY_BYTES"),
+        },
+        auth=[],
+    )
+    def post(self, request: Request, provider: str) -> Response:
+        """A provider's event notification, authenticated by its signature on the raw body."""
+        webhook = get_webhook(provider)
+        if webhook is None:
+            raise exceptions.NotFound(f"no webhook for provider {provider!r}")
+        limit = settings.EMAILHUB_WEBHOOK_MAX_BODY_BYTES
+        try:
+            declared = int(request.META.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            declared = 0
+        # Refused before the body is read into memory (Django's own limit is the API's, larger).
+        if declared > limit:
+            raise WebhookTooLarge(limit)
+        body = request._request.body
+        if len(body) > limit:
+            raise WebhookTooLarge(limit)
+        try:
+            result = webhook.handle(WebhookRequest(body=body, headers=request.headers))
+        except (ForgedWebhook, InvalidWebhook) as exc:
+            logger.warning("webhook %s refused: %s", provider, exc.detail)
+            raise
+        return Response(result)
