@@ -1,0 +1,430 @@
+"""Amazon SES events through Amazon SNS: `POST /api/v1/webhooks/ses`.
+
+SES publishes bounces, complaints, deliveries… to an SNS topic (identity notifications,
+`notificationType`, or configuration-set event publishing, `eventType`); SNS POSTs each
+notification to this endpoint as a JSON envelope whose `Message` is the SES event as a string.
+
+What is verified, before anything is acted on (AWS, "Verifying the signatures of Amazon SNS
+messages"):
+
+- `Type` is Notification, SubscriptionConfirmation or UnsubscribeConfirmation and every field
+  the string-to-sign needs is a string;
+- `TopicArn` is in `EMAILHUB_SES_SNS_TOPIC_ARNS` (empty refuses everything);
+- `SigningCertURL` is https, on port 443, on a host that is exactly `sns.<region>.amazonaws.com`
+  (or `.amazonaws.com.cn`): a certificate on any other host, an S3 bucket on `amazonaws.com`
+  included, is refused, since anyone can put a certificate there;
+- `Signature` is PKCS#1 v1.5 RSA over the string-to-sign with SHA1 (`SignatureVersion` 1) or
+  SHA256 (2), by that certificate's key. The string-to-sign is "key\\nvalue\\n" for, in this
+  order: Notification: Message, MessageId, Subject (only when present), Timestamp, TopicArn,
+  Type; the two confirmations: Message, MessageId, SubscribeURL, Timestamp, Token, TopicArn, Type.
+
+Certificates are fetched once (per process, and shared through Redis for a day) and only from
+a URL that passed the host check; `EMAILHUB_SNS_CERT_FETCH_OVERRIDE` (tests) redirects that
+fetch to a local server after the check, so the check itself is never relaxed. No timestamp
+window: a replayed notification is harmless (events are deduplicated on MessageId:recipient).
+
+A SubscriptionConfirmation is confirmed through the SNS API (`ConfirmSubscription` with the
+topic and token, `EMAILHUB_SNS_ENDPOINT_URL`), never by fetching `SubscribeURL`, which the
+body names and which we would otherwise GET for anyone. An UnsubscribeConfirmation is logged
+and answered, nothing recorded and nothing re-subscribed: someone unsubscribed the endpoint on
+purpose (or the topic is gone), and fighting that would hide it.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import logging
+import re
+import threading
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlsplit
+
+import boto3
+import botocore.exceptions
+from botocore.config import Config
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import padding, rsa
+from django.conf import settings
+
+from delivery.breakers import redis_client
+from delivery.models import EmailEvent
+from delivery.services.events import ProviderEvent
+from delivery.webhooks.base import (
+    ForgedWebhook,
+    InvalidWebhook,
+    Webhook,
+    WebhookRequest,
+    WebhookUnavailable,
+    answer,
+)
+
+logger = logging.getLogger(__name__)
+
+Kind = EmailEvent.Kind
+Bounce = EmailEvent.Bounce
+
+NOTIFICATION = "Notification"
+SUBSCRIBE = "SubscriptionConfirmation"
+UNSUBSCRIBE = "UnsubscribeConfirmation"
+
+# The string-to-sign's fields, in AWS's order. Subject is signed only when the envelope has it.
+SIGNED_FIELDS = {
+    NOTIFICATION: ("Message", "MessageId", "Subject", "Timestamp", "TopicArn", "Type"),
+    SUBSCRIBE: ("Message", "MessageId", "SubscribeURL", "Timestamp", "Token", "TopicArn", "Type"),
+    UNSUBSCRIBE: ("Message", "MessageId", "SubscribeURL", "Timestamp", "Token", "TopicArn", "Type"),
+}
+OPTIONAL_FIELDS = {"Subject"}
+HASHES: dict[str, Callable[[], hashes.HashAlgorithm]] = {"1": hashes.SHA1, "2": hashes.SHA256}
+
+# Exactly the SNS endpoint of a region: `sns.eu-west-1.amazonaws.com`, China's `.com.cn`. Not
+# `*.amazonaws.com`: `s3.amazonaws.com/any-bucket/cert.pem` is anyone's certificate.
+CERT_HOST = re.compile(r"sns\.[a-z]{2}(?:-[a-z]+)+-\d+\.amazonaws\.com(?:\.cn)?")
+# A PEM certificate is ~2 KiB; refuse to read megabytes from a misbehaving server.
+CERT_MAX_BYTES = 64 * 1024
+CERT_FETCH_TIMEOUT_SECONDS = 5.0
+CERT_REDIS_TTL_SECONDS = 24 * 3600
+CERT_REDIS_PREFIX = "emailhub:sns-cert:"
+
+
+def string_to_sign(envelope: Mapping[str, Any]) -> bytes:
+    """The bytes SNS signed for this envelope (fields checked to be strings beforehand)."""
+    parts: list[str] = []
+    for name in SIGNED_FIELDS[envelope["Type"]]:
+        if name in OPTIONAL_FIELDS and name not in envelope:
+            continue
+        parts.append(f"{name}\n{envelope[name]}\n")
+    return "".join(parts).encode("utf-8")
+
+
+def check_cert_url(url: str) -> None:
+    """Refuse a SigningCertURL that is not AWS's SNS endpoint over https (ForgedWebhook)."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise ForgedWebhook(f"SigningCertURL is not a URL: {exc}") from exc
+    if parts.scheme != "https":
+        raise ForgedWebhook("SigningCertURL must be https")
+    if parts.username is not None or parts.password is not None or port not in (None, 443):
+        raise ForgedWebhook("SigningCertURL must not carry credentials or a port")
+    if not CERT_HOST.fullmatch(parts.hostname or ""):
+        raise ForgedWebhook(
+            f"SigningCertURL host {parts.hostname!r} is not sns.<region>.amazonaws.com; refused"
+        )
+
+
+class CertificateStore:
+    """Signing certificates' public keys by URL: in this process, then Redis, then fetched."""
+
+    def __init__(self) -> None:
+        self._keys: dict[str, rsa.RSAPublicKey] = {}
+        self._lock = threading.Lock()
+        self.fetches = 0  # how many times a certificate was downloaded (tests, logs)
+
+    def public_key(self, url: str) -> rsa.RSAPublicKey:
+        """The key of the certificate at `url`, which `check_cert_url` has accepted."""
+        key = self._keys.get(url)
+        if key is not None:
+            return key
+        redis_key = CERT_REDIS_PREFIX + hashlib.sha256(url.encode()).hexdigest()
+        pem = self._from_redis(redis_key)
+        if pem is None:
+            pem = self._fetch(url)
+            self._to_redis(redis_key, pem)
+        key = self._load(pem, url)
+        with self._lock:
+            self._keys[url] = key
+        return key
+
+    def _fetch(self, url: str) -> bytes:
+        source = url
+        for prefix, base in settings.EMAILHUB_SNS_CERT_FETCH_OVERRIDE.items():
+            if url.startswith(prefix):
+                source = base + url[len(prefix) :]
+                break
+        try:
+            with urllib.request.urlopen(source, timeout=CERT_FETCH_TIMEOUT_SECONDS) as response:  # noqa: S310
+                pem = response.read(CERT_MAX_BYTES + 1)
+        except OSError as exc:  # URLError, HTTPError, timeouts
+            # Ours or the network's fault, not the sender's: 503, and SNS retries.
+            raise WebhookUnavailable(f"could not fetch the SNS signing certificate {url}: {exc}") from exc
+        if len(pem) > CERT_MAX_BYTES:
+            raise ForgedWebhook(f"the signing certificate at {url} is larger than {CERT_MAX_BYTES} bytes")
+        self.fetches += 1
+        return pem
+
+    @staticmethod
+    def _load(pem: bytes, url: str) -> rsa.RSAPublicKey:
+        try:
+            certificate = x509.load_pem_x509_certificate(pem)
+        except ValueError as exc:
+            raise ForgedWebhook(f"the document at {url} is not a PEM certificate") from exc
+        now = datetime.now(UTC)
+        if not certificate.not_valid_before_utc <= now <= certificate.not_valid_after_utc:
+            raise ForgedWebhook(f"the signing certificate at {url} is not valid now")
+        key = certificate.public_key()
+        if not isinstance(key, rsa.RSAPublicKey):
+            raise ForgedWebhook(f"the signing certificate at {url} has no RSA key")
+        return key
+
+    @staticmethod
+    def _from_redis(redis_key: str) -> bytes | None:
+        # The Redis copy only saves a download; when Redis is down we fetch.
+        try:
+            value = redis_client().get(redis_key)
+        except Exception:  # noqa: BLE001 - any Redis trouble: fetch instead
+            logger.warning("SNS certificate cache unavailable in Redis; fetching", exc_info=True)
+            return None
+        return value if isinstance(value, bytes) else None
+
+    @staticmethod
+    def _to_redis(redis_key: str, pem: bytes) -> None:
+        try:
+            redis_client().set(redis_key, pem, ex=CERT_REDIS_TTL_SECONDS)
+        except Exception:  # noqa: BLE001
+            logger.warning("could not cache the SNS certificate in Redis", exc_info=True)
+
+    def forget(self) -> None:
+        with self._lock:
+            self._keys.clear()
+
+
+def verify_envelope(envelope: Any, topics: Sequence[str], certificates: CertificateStore) -> None:
+    """Raise ForgedWebhook unless `envelope` is an SNS message signed by SNS for an allowed topic."""
+    if not isinstance(envelope, dict):
+        raise ForgedWebhook("not an SNS message (a JSON object was expected)")
+    kind = envelope.get("Type")
+    if kind not in SIGNED_FIELDS:
+        raise ForgedWebhook(f"unknown SNS message Type {kind!r}")
+    for name in (*SIGNED_FIELDS[kind], "Signature", "SignatureVersion", "SigningCertURL"):
+        if name in OPTIONAL_FIELDS and name not in envelope:
+            continue
+        if not isinstance(envelope.get(name), str):
+            raise ForgedWebhook(f"SNS field {name} missing or not a string")
+    algorithm = HASHES.get(envelope["SignatureVersion"])
+    if algorithm is None:
+        raise ForgedWebhook(f"unsupported SignatureVersion {envelope['SignatureVersion']!r}")
+    if envelope["TopicArn"] not in topics:
+        raise ForgedWebhook(
+            f"topic {envelope['TopicArn']!r} is not in EMAILHUB_SES_SNS_TOPIC_ARNS; add it to accept it"
+        )
+    check_cert_url(envelope["SigningCertURL"])
+    try:
+        signature = base64.b64decode(envelope["Signature"], validate=True)
+    except ValueError as exc:
+        raise ForgedWebhook("Signature is not base64") from exc
+    key = certificates.public_key(envelope["SigningCertURL"])
+    try:
+        key.verify(signature, string_to_sign(envelope), padding.PKCS1v15(), algorithm())
+    except InvalidSignature as exc:
+        raise ForgedWebhook("the SNS signature does not match the message") from exc
+
+
+def _time(value: Any, fallback: datetime) -> datetime:
+    if isinstance(value, str):
+        try:
+            parsed = datetime.fromisoformat(value)
+        except ValueError:
+            return fallback
+        if parsed.tzinfo is not None:
+            return parsed.astimezone(UTC)
+    return fallback
+
+
+def _header_message_id(mail: Mapping[str, Any]) -> int | None:
+    """Our id from the X-Emailhub-Message header, when SES includes the original headers."""
+    for header in mail.get("headers") or ():
+        if isinstance(header, dict) and str(header.get("name", "")).lower() == "x-emailhub-message":
+            value = str(header.get("value", "")).strip()
+            return int(value) if value.isdigit() else None
+    return None
+
+
+def _recipients(entries: Any) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(address, entry) for SES recipient lists of objects ({emailAddress, …}) or strings."""
+    if not isinstance(entries, list):
+        return
+    for entry in entries:
+        if isinstance(entry, dict) and isinstance(entry.get("emailAddress"), str):
+            yield entry["emailAddress"], entry
+        elif isinstance(entry, str):
+            yield entry, {}
+
+
+def _bare(address: str) -> str:
+    """`"Name" <a@b>` → a@b (SES's mail.destination may carry display names)."""
+    match = re.search(r"<([^<>]+)>\s*$", address)
+    return (match.group(1) if match else address).strip().lower()
+
+
+def ses_events(sns_message_id: str, event: Mapping[str, Any], received_at: datetime) -> list[ProviderEvent]:
+    """The ProviderEvents of one SES event (the SNS Message), one per recipient.
+
+    Event ids are `<SNS MessageId>:<recipient>`: SNS gives each notification its own id and one
+    notification may cover several recipients. Send, Rendering Failure, Subscription and test
+    notifications (AmazonSnsSubscriptionSucceeded) have no consequence here and give no event.
+    """
+    kind_name = event.get("eventType") or event.get("notificationType")
+    mail = event.get("mail")
+    if not isinstance(kind_name, str) or not isinstance(mail, dict):
+        return []
+    message_id = _header_message_id(mail)
+    provider_message_id = mail.get("messageId") if isinstance(mail.get("messageId"), str) else None
+    mail_summary = {k: mail[k] for k in ("messageId", "timestamp", "source", "sourceArn") if k in mail}
+    destination = [d for d in mail.get("destination") or () if isinstance(d, str)]
+
+    def make(
+        kind: str,
+        recipient: str,
+        body: Mapping[str, Any],
+        entry: Mapping[str, Any],
+        *,
+        bounce: str = "",
+        detail: str = "",
+    ) -> ProviderEvent:
+        address = _bare(recipient)
+        return ProviderEvent(
+            provider="ses",
+            event_id=f"{sns_message_id}:{address}",
+            kind=kind,
+            occurred_at=_time(body.get("timestamp"), _time(mail.get("timestamp"), received_at)),
+            message_id=message_id,
+            provider_message_id=provider_message_id,
+            recipient=address,
+            bounce=bounce,
+            detail=detail,
+            # This recipient's part only: a 50-recipient bounce does not store 50 copies of 50.
+            payload={
+                "eventType": kind_name,
+                "mail": mail_summary,
+                kind_name.lower(): {k: v for k, v in body.items() if not k.endswith("Recipients")},
+                "recipient": dict(entry),
+            },
+        )
+
+    def body_of(name: str) -> dict[str, Any]:
+        body = event.get(name)
+        if not isinstance(body, dict):
+            raise InvalidWebhook(f"SES {kind_name} event without its {name!r} object")
+        return body
+
+    events: list[ProviderEvent] = []
+    if kind_name == "Bounce":
+        body = body_of("bounce")
+        bounce_type, subtype = str(body.get("bounceType", "")), str(body.get("bounceSubType", ""))
+        # Undetermined: SES could not tell. Treated as transient: suppressing on a guess would
+        # silence a good address for ever; a real hard bounce will come again.
+        bounce = Bounce.PERMANENT if bounce_type == "Permanent" else Bounce.TRANSIENT
+        for address, entry in _recipients(body.get("bouncedRecipients")):
+            diagnostic = entry.get("diagnosticCode") or entry.get("status") or ""
+            detail = f"{bounce_type}/{subtype}" + (f": {diagnostic}" if diagnostic else "")
+            events.append(make(Kind.BOUNCED, address, body, entry, bounce=bounce, detail=detail))
+    elif kind_name == "Complaint":
+        body = body_of("complaint")
+        detail = "/".join(str(body[k]) for k in ("complaintFeedbackType", "complaintSubType") if body.get(k))
+        for address, entry in _recipients(body.get("complainedRecipients")):
+            events.append(make(Kind.COMPLAINED, address, body, entry, detail=detail))
+    elif kind_name == "Delivery":
+        body = body_of("delivery")
+        for address, entry in _recipients(body.get("recipients")):
+            events.append(
+                make(Kind.DELIVERED, address, body, entry, detail=str(body.get("smtpResponse", "")))
+            )
+    elif kind_name == "DeliveryDelay":
+        body = body_of("deliveryDelay")
+        for address, entry in _recipients(body.get("delayedRecipients")):
+            detail = str(body.get("delayType", "")) + (
+                f": {entry['diagnosticCode']}" if entry.get("diagnosticCode") else ""
+            )
+            events.append(make(Kind.DELAYED, address, body, entry, detail=detail))
+    elif kind_name == "Reject":
+        # SES refused to send (a virus, usually): about the message, not the address.
+        body = body_of("reject")
+        for address in destination:
+            events.append(make(Kind.REJECTED, address, body, {}, detail=str(body.get("reason", ""))))
+    elif kind_name in ("Open", "Click"):
+        body = body_of(kind_name.lower())
+        kind = Kind.OPENED if kind_name == "Open" else Kind.CLICKED
+        detail = str(body.get("link", "")) if kind_name == "Click" else ""
+        for address in destination:
+            events.append(make(kind, address, body, {}, detail=detail))
+    else:
+        logger.info("SES %s notification %s: nothing to record", kind_name, sns_message_id)
+    return events
+
+
+class SESWebhook(Webhook):
+    name = "ses"
+
+    def __init__(self, topics: Sequence[str], endpoint_url: str, region: str) -> None:
+        self.topics = tuple(topics)
+        self.endpoint_url = endpoint_url
+        self.region = region
+        self.certificates = CertificateStore()
+
+    @classmethod
+    def from_settings(cls) -> SESWebhook:
+        return cls(
+            topics=settings.EMAILHUB_SES_SNS_TOPIC_ARNS,
+            endpoint_url=settings.EMAILHUB_SNS_ENDPOINT_URL,
+            region=settings.SES_REGION,
+        )
+
+    def verify(self, request: WebhookRequest) -> None:
+        try:
+            envelope = request.json()
+        except InvalidWebhook as exc:  # unsigned garbage is a forgery, not an SES event
+            raise ForgedWebhook(str(exc.detail)) from exc
+        verify_envelope(envelope, self.topics, self.certificates)
+
+    def parse(self, request: WebhookRequest) -> Sequence[ProviderEvent]:
+        envelope = request.json()
+        if envelope["Type"] != NOTIFICATION:
+            return []
+        try:
+            event = json.loads(envelope["Message"])
+        except ValueError as exc:
+            raise InvalidWebhook("the SNS Message is not an SES event (JSON expected)") from exc
+        if not isinstance(event, dict):
+            raise InvalidWebhook("the SNS Message is not an SES event (a JSON object expected)")
+        received_at = _time(envelope["Timestamp"], datetime.now(UTC))
+        return ses_events(envelope["MessageId"], event, received_at)
+
+    def acknowledge(self, request: WebhookRequest, recorded: Any) -> dict[str, Any]:
+        envelope = request.json()
+        if envelope["Type"] == SUBSCRIBE:
+            return {"confirmed": self.confirm(envelope["TopicArn"], envelope["Token"])}
+        if envelope["Type"] == UNSUBSCRIBE:
+            logger.warning(
+                "SNS: this endpoint was unsubscribed from %s; resubscribe it in SNS if that was a mistake",
+                envelope["TopicArn"],
+            )
+            return {"unsubscribed": envelope["TopicArn"]}
+        return answer(recorded)
+
+    def confirm(self, topic_arn: str, token: str) -> str:
+        """ConfirmSubscription through the SNS API of the topic's region; the subscription ARN."""
+        region = topic_arn.split(":")[3] if topic_arn.count(":") >= 5 else self.region
+        client = boto3.client(
+            "sns",
+            region_name=region or self.region,
+            endpoint_url=self.endpoint_url or None,
+            aws_access_key_id=settings.SES_ACCESS_KEY_ID or None,
+            aws_secret_access_key=settings.SES_SECRET_ACCESS_KEY or None,
+            config=Config(connect_timeout=5, read_timeout=10, retries={"max_attempts": 2}),
+        )
+        try:
+            response = client.confirm_subscription(TopicArn=topic_arn, Token=token)
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+            # SNS resends the confirmation for a while (and it can be confirmed by hand): 503.
+            raise WebhookUnavailable(f"SNS ConfirmSubscription for {topic_arn} failed: {exc}") from exc
+        arn = str(response.get("SubscriptionArn", ""))
+        logger.info("SNS subscription confirmed: %s", arn)
+        return arn
