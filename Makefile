@@ -2,14 +2,14 @@
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-$(shell sha1sum requirements.txt | cut -c1-12)
+STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | sha1sum | cut -c1-12)
 
 .PHONY: demo test setup venv services lint bench
 
-$(STAMP): requirements.txt
+$(STAMP): requirements.txt requirements-dev.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet -r requirements.txt -r requirements-dev.txt
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 

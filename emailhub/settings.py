@@ -180,6 +180,11 @@ SES_CONFIGURATION_SET = env_str("SES_CONFIGURATION_SET", "")
 SES_TIMEOUT = env_float("SES_TIMEOUT", 10.0, minimum=0.1)
 
 SENDGRID_API_KEY = env_str("SENDGRID_API_KEY", "")
+# DKIM keys for mail sent over SMTP (SES and SendGrid sign for us), loaded once per worker
+# process by delivery/providers/dkim.py: JSON {"example.com": [{"selector": "rsa2026", "key":
+# "/path/rsa.pem"}, {"selector": "ed2026", "key": "/path/ed25519.pem"}]} or a directory of
+# <domain>/<selector>.pem. Empty: nothing is signed. A key that cannot be loaded stops the worker.
+EMAILHUB_DKIM_KEYS = env_str("EMAILHUB_DKIM_KEYS", "")
 SENDGRID_HOST = env_str("SENDGRID_HOST", "https://api.sendgrid.com")
 SENDGRID_TIMEOUT = env_float("SENDGRID_TIMEOUT", 10.0, minimum=0.1)
 

@@ -17,6 +17,7 @@ from django.conf import settings
 
 from delivery.exceptions import ProviderThrottled, ProviderUnavailable
 from delivery.providers.base import Outcome, OutgoingEmail, Provider, SendResult
+from delivery.providers.dkim import DkimSigner
 from delivery.providers.mime import ascii_address, bare_address, render
 
 logger = logging.getLogger(__name__)
@@ -45,6 +46,7 @@ class SMTPProvider(Provider):
         starttls: bool = False,
         timeout: float = 10.0,
         message_id_domain: str = "emailhub.local",
+        dkim: DkimSigner | None = None,
     ) -> None:
         self.host = host
         self.port = port
@@ -53,6 +55,8 @@ class SMTPProvider(Provider):
         self.starttls = starttls
         self.timeout = timeout
         self.message_id_domain = message_id_domain
+        # Loaded once per process with the provider; a domain without a key is sent unsigned.
+        self.dkim = dkim or DkimSigner()
         self._connection: smtplib.SMTP | None = None
 
     @classmethod
@@ -65,6 +69,7 @@ class SMTPProvider(Provider):
             starttls=settings.SMTP_STARTTLS,
             timeout=settings.SMTP_TIMEOUT,
             message_id_domain=settings.EMAILHUB_MESSAGE_ID_DOMAIN,
+            dkim=DkimSigner.from_setting(settings.EMAILHUB_DKIM_KEYS),
         )
 
     def _connect(self) -> smtplib.SMTP:
@@ -109,14 +114,15 @@ class SMTPProvider(Provider):
 
     def send_one(self, email: OutgoingEmail) -> SendResult:
         message_id, data = render(email, message_id_domain=self.message_id_domain)
+        sender = ascii_address(bare_address(email.from_email))
+        # Signed once, after rendering: a reconnect below resends the same signed bytes.
+        data = self.dkim.sign(data, from_domain=sender.rpartition("@")[2])
         for attempt in (1, 2):
             connection = self._connect()
             stage = "recipient"
             try:
                 try:
-                    refused = connection.sendmail(
-                        ascii_address(bare_address(email.from_email)), [ascii_address(email.to)], data
-                    )
+                    refused = connection.sendmail(sender, [ascii_address(email.to)], data)
                 except smtplib.SMTPRecipientsRefused as exc:
                     code, reply = next(iter(exc.recipients.values()))
                     raise smtplib.SMTPResponseException(code, reply) from exc
