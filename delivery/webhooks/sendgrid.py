@@ -1,0 +1,275 @@
+"""SendGrid's signed Event Webhook (`POST /api/v1/webhooks/sendgrid`).
+
+SendGrid posts a JSON array of events, batched, and signs each request with ECDSA P-256 over
+the `X-Twilio-Email-Event-Webhook-Timestamp` header followed by the raw body (SHA-256), the
+base64 DER signature in `X-Twilio-Email-Event-Webhook-Signature`
+(https://www.twilio.com/docs/sendgrid/for-developers/tracking-events/getting-started-event-webhook-security-features).
+The public key, shown base64 DER (SubjectPublicKeyInfo) in SendGrid's Mail Settings, is
+`EMAILHUB_SENDGRID_WEBHOOK_PUBLIC_KEY`. A timestamp further than
+`EMAILHUB_SENDGRID_WEBHOOK_TOLERANCE_SECONDS` from our clock is refused, so a captured request
+cannot be replayed later; within the window a replay is recorded once (dedup on `sg_event_id`).
+
+Events map to our messages through the `emailhub_id` custom arg that
+`delivery/providers/sendgrid.py` sets on every personalization: SendGrid copies custom args
+into every event of that recipient, including asynchronous bounces that carry no
+`sg_message_id`. `X-Message-Id` is shared by every personalization of one request, so it can
+name no single message and is not used to match.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import functools
+import hashlib
+import json
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+from delivery.models import EmailEvent
+from delivery.services.events import EVENT_ID_MAX_CHARS, RECIPIENT_MAX_CHARS, ProviderEvent, RecordedEvents
+from delivery.webhooks.base import (
+    ForgedWebhook,
+    InvalidWebhook,
+    Webhook,
+    WebhookRequest,
+    WebhookUnavailable,
+    answer,
+)
+
+SIGNATURE_HEADER = "X-Twilio-Email-Event-Webhook-Signature"
+TIMESTAMP_HEADER = "X-Twilio-Email-Event-Webhook-Timestamp"
+
+Kind = EmailEvent.Kind
+Bounce = EmailEvent.Bounce
+
+# SendGrid event → our kind. `processed` (SendGrid accepted the message for delivery) is not
+# recorded: our own `sent` with the 202 already says it, and one row per recipient per campaign
+# would double the event table for nothing. `group_resubscribe` and account events are not
+# delivery events of a message. What is not listed here is skipped and counted as ignored.
+KINDS: dict[str, str] = {
+    "delivered": Kind.DELIVERED,
+    "deferred": Kind.DEFERRED,
+    "bounce": Kind.BOUNCED,
+    "dropped": Kind.DROPPED,
+    "spamreport": Kind.COMPLAINED,
+    "unsubscribe": Kind.UNSUBSCRIBED,
+    "group_unsubscribe": Kind.UNSUBSCRIBED,
+    "open": Kind.OPENED,
+    "click": Kind.CLICKED,
+}
+IGNORED = frozenset({"processed", "group_resubscribe"})
+
+# Drop reasons that say the address itself is dead: SendGrid already holds it on its bounce or
+# invalid list, so it refuses to try. These are permanent (and suppress); the other reasons
+# (unsubscribed or spam-reporting address, spam content, over quota, invalid SMTPAPI header)
+# concern SendGrid's lists or our message, not whether the address exists.
+PERMANENT_DROP_REASONS = frozenset({"bounced address", "invalid"})
+# SendGrid says a `blocked` bounce is the receiving server refusing the message for now
+# (reputation, content, rate): transient, never a suppression, unless SendGrid itself classifies
+# the address as invalid.
+PERMANENT_BLOCK_CLASSIFICATIONS = frozenset({"invalid address"})
+
+
+@functools.lru_cache(maxsize=4)
+def load_public_key(value: str) -> ec.EllipticCurvePublicKey:
+    """The verification key from its setting: base64 DER SubjectPublicKeyInfo as SendGrid shows
+    it (a PEM block is accepted too). Anything but a P-256 key is a configuration error."""
+    text = value.strip()
+    try:
+        if text.startswith("-----BEGIN"):
+            key = serialization.load_pem_public_key(text.encode("ascii"))
+        else:
+            key = serialization.load_der_public_key(base64.b64decode("".join(text.split()), validate=True))
+    except (ValueError, binascii.Error, UnsupportedAlgorithm) as exc:
+        raise ImproperlyConfigured(
+            "EMAILHUB_SENDGRID_WEBHOOK_PUBLIC_KEY is not a base64 DER public key "
+            f"(copy the verification key from SendGrid's Mail Settings → Signed Event Webhook): {exc}"
+        ) from exc
+    if not isinstance(key, ec.EllipticCurvePublicKey) or not isinstance(key.curve, ec.SECP256R1):
+        raise ImproperlyConfigured("EMAILHUB_SENDGRID_WEBHOOK_PUBLIC_KEY must be an ECDSA P-256 key")
+    return key
+
+
+def verify_signature(
+    *,
+    body: bytes,
+    signature: str | None,
+    timestamp: str | None,
+    public_key: ec.EllipticCurvePublicKey,
+    tolerance: float,
+    now: float,
+) -> None:
+    """Raise ForgedWebhook unless `signature` is the key's ECDSA signature of timestamp + body
+    and the timestamp is within `tolerance` seconds of `now` (either side: a clock ahead of
+    ours is as suspect as one behind). Exactly `tolerance` away still passes."""
+    if not signature or not timestamp:
+        raise ForgedWebhook(f"the {SIGNATURE_HEADER} and {TIMESTAMP_HEADER} headers are required")
+    stamp = timestamp.strip()
+    if not stamp.isdigit() or len(stamp) > 12:
+        raise ForgedWebhook(f"{TIMESTAMP_HEADER} is not a Unix time in seconds")
+    if abs(now - int(stamp)) > tolerance:
+        raise ForgedWebhook(
+            f"{TIMESTAMP_HEADER} is {int(now - int(stamp))} s from our clock; "
+            f"more than EMAILHUB_SENDGRID_WEBHOOK_TOLERANCE_SECONDS ({tolerance:g} s)"
+        )
+    try:
+        der = base64.b64decode(signature.strip(), validate=True)
+        # The header's exact bytes are what SendGrid signed, not the parsed integer.
+        public_key.verify(der, timestamp.encode("ascii") + body, ec.ECDSA(hashes.SHA256()))
+    except (binascii.Error, ValueError, UnicodeEncodeError, InvalidSignature) as exc:
+        raise ForgedWebhook("the SendGrid signature does not match this body and timestamp") from exc
+
+
+def parse_events(data: Any, *, received_at: datetime) -> tuple[list[ProviderEvent], int]:
+    """(the events we record, how many were skipped): SendGrid's batch as ProviderEvents, one
+    per event. A body that is not an array of objects is an InvalidWebhook; inside a valid
+    batch, an event type we do not record (processed, account events, a type SendGrid adds
+    later) or an event without a recipient is skipped, so one odd event never makes SendGrid
+    retry the whole batch."""
+    if not isinstance(data, list) or not all(isinstance(item, dict) for item in data):
+        raise InvalidWebhook("a SendGrid Event Webhook body is a JSON array of event objects")
+    events: list[ProviderEvent] = []
+    skipped = 0
+    for item in data:
+        event = parse_event(item, received_at=received_at)
+        if event is None:
+            skipped += 1
+        else:
+            events.append(event)
+    return events, skipped
+
+
+def parse_event(item: dict[str, Any], *, received_at: datetime) -> ProviderEvent | None:
+    """One SendGrid event as a ProviderEvent, or None when we do not record it."""
+    name = item.get("event")
+    kind = KINDS.get(name) if isinstance(name, str) else None
+    recipient = item.get("email")
+    if kind is None or not isinstance(recipient, str) or "@" not in recipient:
+        return None
+    recipient = recipient.strip().lower()
+    if len(recipient) > RECIPIENT_MAX_CHARS:
+        return None  # longer than any deliverable address (RFC 5321 §4.5.3.1): no one of ours
+    bounce, detail = _bounce_and_detail(name, item)  # type: ignore[arg-type]
+    return ProviderEvent(
+        provider="sendgrid",
+        event_id=_event_id(item),
+        kind=kind,
+        occurred_at=_occurred_at(item.get("timestamp"), received_at),
+        message_id=_our_id(item.get("emailhub_id")),
+        recipient=recipient,
+        bounce=bounce,
+        detail=detail,
+        payload=item,
+    )
+
+
+class SendGridWebhook(Webhook):
+    name = "sendgrid"
+
+    def __init__(
+        self, *, public_key: str, tolerance: float = 300.0, clock: Callable[[], float] = time.time
+    ) -> None:
+        # An empty key leaves the webhook closed (every request refused), never open.
+        self.public_key = load_public_key(public_key) if public_key else None
+        self.tolerance = tolerance
+        self.clock = clock
+
+    @classmethod
+    def from_settings(cls) -> SendGridWebhook:
+        return cls(
+            public_key=settings.EMAILHUB_SENDGRID_WEBHOOK_PUBLIC_KEY,
+            tolerance=settings.EMAILHUB_SENDGRID_WEBHOOK_TOLERANCE_SECONDS,
+        )
+
+    def verify(self, request: WebhookRequest) -> None:
+        if self.public_key is None:
+            # Our configuration, not the sender's fault: 503, so SendGrid keeps the batch and
+            # retries it (for up to 24 hours) once the key is set.
+            raise WebhookUnavailable(
+                "EMAILHUB_SENDGRID_WEBHOOK_PUBLIC_KEY is not set; unsigned SendGrid events are not accepted"
+            )
+        verify_signature(
+            body=request.body,
+            signature=request.headers.get(SIGNATURE_HEADER),
+            timestamp=request.headers.get(TIMESTAMP_HEADER),
+            public_key=self.public_key,
+            tolerance=self.tolerance,
+            now=self.clock(),
+        )
+
+    def parse(self, request: WebhookRequest) -> Sequence[ProviderEvent]:
+        events, _ = parse_events(request.json(), received_at=datetime.fromtimestamp(self.clock(), UTC))
+        return events
+
+    def acknowledge(self, request: WebhookRequest, recorded: RecordedEvents | None) -> dict[str, Any]:
+        # parse() kept the events it records; the rest of the batch was skipped on purpose.
+        ignored = len(request.json()) - (recorded.received if recorded else 0)
+        return {**answer(recorded), "ignored": ignored}
+
+
+def _bounce_and_detail(name: str, item: dict[str, Any]) -> tuple[str, str]:
+    if name == "bounce":
+        kind = str(item.get("type") or "bounce").lower()
+        classification = str(item.get("bounce_classification") or "")
+        permanent = kind != "blocked" or classification.lower() in PERMANENT_BLOCK_CLASSIFICATIONS
+        parts = [kind, str(item.get("status") or ""), str(item.get("reason") or ""), classification]
+        return (Bounce.PERMANENT if permanent else Bounce.TRANSIENT), _join(parts)
+    if name == "dropped":
+        reason = str(item.get("reason") or item.get("type") or "")
+        return (Bounce.PERMANENT if reason.strip().lower() in PERMANENT_DROP_REASONS else Bounce.NONE), reason
+    if name in ("deferred", "delivered"):
+        return Bounce.NONE, _join([str(item.get("response") or ""), _attempt(item)])
+    if name == "group_unsubscribe":
+        return Bounce.NONE, f"unsubscribe group {item.get('asm_group_id', '')}".strip()
+    if name == "click":
+        return Bounce.NONE, str(item.get("url") or "")
+    if name == "open" and item.get("sg_machine_open"):
+        return Bounce.NONE, "machine open (mail privacy proxy)"
+    return Bounce.NONE, ""
+
+
+def _attempt(item: dict[str, Any]) -> str:
+    return f"attempt {item['attempt']}" if item.get("attempt") else ""
+
+
+def _join(parts: list[str]) -> str:
+    return "; ".join(part.strip() for part in parts if part and part.strip())
+
+
+def _event_id(item: dict[str, Any]) -> str:
+    """`sg_event_id`, SendGrid's unique id of this event. Every event carries one; should one
+    not, the digest of the event's canonical JSON still makes a replay of it a duplicate."""
+    value = item.get("sg_event_id")
+    if isinstance(value, str) and value.strip():
+        value = value.strip()
+        # Never cut an id (two sharing a prefix would collide): an absurdly long one is hashed.
+        return value if len(value) <= EVENT_ID_MAX_CHARS else "sha256:" + _sha256(value)
+    return "sha256:" + _sha256(json.dumps(item, sort_keys=True, separators=(",", ":"), ensure_ascii=True))
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _our_id(value: Any) -> int | None:
+    """custom_args arrive as strings; anything not a plausible id of ours matches no message."""
+    text = str(value).strip() if isinstance(value, str | int) and not isinstance(value, bool) else ""
+    return int(text) if text.isdigit() and len(text) < 19 else None
+
+
+def _occurred_at(value: Any, received_at: datetime) -> datetime:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        try:
+            return datetime.fromtimestamp(value, UTC)
+        except (OverflowError, OSError, ValueError):
+            pass
+    return received_at
