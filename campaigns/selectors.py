@@ -33,9 +33,19 @@ members AS (
 )""".strip()
 
 
-def suppressed_sql(address: str) -> str:
-    """SQL boolean: the address expression `address` is on the suppression list (stored lower-case)."""
-    return f"EXISTS (SELECT 1 FROM campaigns_suppression AS s WHERE s.email = lower({address}))"
+def suppressed_sql(address: str, *, marketing: str) -> str:
+    """SQL boolean: the address expression `address` is suppressed for this message.
+
+    `marketing` is an SQL boolean saying whether the message is marketing mail (a campaign's,
+    or a transactional one that carries an unsubscribe link). An `unsubscribed` suppression
+    stops marketing mail only: someone who unsubscribed from a newsletter still gets their
+    password reset. Bounced, complained and manual suppressions stop everything. Addresses are
+    stored lower-case.
+    """
+    return (
+        "EXISTS (SELECT 1 FROM campaigns_suppression AS s"
+        f" WHERE s.email = lower({address}) AND (s.reason <> 'unsubscribed' OR ({marketing})))"
+    )
 
 
 def campaign_status_sql(campaign_id: str) -> str:

@@ -12,10 +12,11 @@ from django.db.models import QuerySet
 
 from campaigns.selectors import campaign_status_sql, suppressed_sql
 from delivery.breakers import snapshot
-from delivery.models import ApiKey, Message
+from delivery.models import ApiKey, EmailEvent, Message
 from delivery.permissions import can_manage
 from delivery.ratelimit import bucket_for
 from delivery.services.sending import BULK, TRANSACTIONAL, provider_chain
+from delivery.services.transitions import MARKETING_SQL
 
 
 def provider_health() -> list[dict[str, Any]]:
@@ -72,7 +73,7 @@ def message_states(message_ids: Sequence[int]) -> dict[int, tuple[str, bool, str
     with connection.cursor() as cursor:
         cursor.execute(
             f"""
-            SELECT m.id, m.status, {suppressed_sql("m.to_email")}, {campaign_status_sql("m.campaign_id")}
+            SELECT m.id, m.status, {suppressed_sql("m.to_email", marketing=MARKETING_SQL)}, {campaign_status_sql("m.campaign_id")}
               FROM delivery_message AS m
              WHERE m.id = ANY(%s)
             """,
@@ -128,3 +129,28 @@ def pending_and_sending_by_priority() -> dict[str, tuple[int, int]]:
             """
         )
         return {priority: (pending, sending) for priority, pending, sending in cursor.fetchall()}
+
+
+def events_of(message: Message) -> QuerySet[EmailEvent]:
+    """A message's events, newest first (served by the event table's message index)."""
+    return EmailEvent.objects.filter(message=message)
+
+
+def events_matching(filters: dict[str, Any]) -> QuerySet[EmailEvent]:
+    """Every event matching the validated filters of GET /api/v1/events (all optional): kind,
+    provider, bounce, message, campaign (its messages' events), recipient (lower-case), since
+    (occurred_at >= since) and until (occurred_at < until)."""
+    events = EmailEvent.objects.all()
+    exact = {"kind": "kind", "provider": "provider", "bounce": "bounce", "recipient": "recipient"}
+    for name, lookup in exact.items():
+        if name in filters:
+            events = events.filter(**{lookup: filters[name]})
+    if "message" in filters:
+        events = events.filter(message_id=filters["message"])
+    if "campaign" in filters:
+        events = events.filter(message__campaign_id=filters["campaign"])
+    if "since" in filters:
+        events = events.filter(occurred_at__gte=filters["since"])
+    if "until" in filters:
+        events = events.filter(occurred_at__lt=filters["until"])
+    return events

@@ -159,6 +159,11 @@ def queue_slot(campaign_id: int, due_epoch: int | None) -> list[tuple[int, str]]
         return db.fetchall()
 
 
+# Which messages (alias `m`) are marketing mail, for campaigns.selectors.suppressed_sql: an
+# `unsubscribed` suppression stops these only. Campaign messages today; a transactional message
+# that carries an unsubscribe link should be added here when it has a column saying so.
+MARKETING_SQL = "m.campaign_id IS NOT NULL"
+
 # --- queued → sending (the send worker's claim) -------------------------------------------------
 
 # The claim also reports whether each address is suppressed, saving a query per batch.
@@ -170,7 +175,7 @@ UPDATE delivery_message AS m
    AND (m.campaign_id IS NULL OR {campaign_status_sql("m.campaign_id")} = 'sending')
 RETURNING m.id, m.campaign_id, m.contact_id, m.template_id, m.to_email, m.from_email, m.reply_to,
           m.subject, m.html, m.text, m.context, m.priority, m.attempts,
-          {suppressed_sql("m.to_email")}
+          {suppressed_sql("m.to_email", marketing=MARKETING_SQL)}
 """
 
 _CLAIM_COLUMNS = (
@@ -346,7 +351,7 @@ def requeue_failed(message_ids: Sequence[int]) -> list[tuple[int, str, int | Non
                SET status = 'queued', attempts = 0, queued_at = clock_timestamp(),
                    due_at = NULL, claimed_at = NULL
              WHERE m.id = ANY(%s) AND m.status = 'failed'
-               AND NOT {suppressed_sql("m.to_email")}
+               AND NOT {suppressed_sql("m.to_email", marketing=MARKETING_SQL)}
                AND (m.campaign_id IS NULL
                     OR {campaign_status_sql("m.campaign_id")} IN ('sending', 'paused'))
             RETURNING m.id, m.priority, m.campaign_id
