@@ -74,5 +74,7 @@ def document_scopes(result: dict[str, Any], generator: Any, request: Any, public
         scopes = [str(scope) for scope in scopes_for(view, method)]
         operation["x-required-scopes"] = scopes
         note = "API key scope: " + " or ".join(f"`{scope}`" for scope in scopes) + "."
+        if not scopes:  # a view that takes no key (webhooks: the provider's signature is the auth)
+            note = "No API key: the request is authenticated by the provider's signature."
         operation["description"] = f"{operation.get('description', '')}\n\n{note}".strip()
     return result

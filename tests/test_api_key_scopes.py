@@ -260,6 +260,10 @@ def test_openapi_schema_has_the_bearer_scheme_and_each_operations_scope(api: API
     assert "`send`" in messages["post"]["description"]
     assert schema["paths"]["/api/v1/messages/{message_id}"]["get"]["x-required-scopes"] == ["read", "manage"]
     assert schema["paths"]["/api/v1/contacts"]["post"]["x-required-scopes"] == ["manage"]
+    # Provider webhooks take no key (their signature is the auth) and say so; everything else needs one.
+    webhook = schema["paths"].pop("/api/v1/webhooks/{provider}")["post"]
+    assert webhook["x-required-scopes"] == [] and not webhook.get("security")
+    assert "No API key" in webhook["description"]
     for operations in schema["paths"].values():
         for operation in operations.values():
             assert operation["x-required-scopes"] and {"ApiKey": []} in operation["security"]
