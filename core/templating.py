@@ -90,6 +90,10 @@ class CompiledTemplate:
         self._defaults = defaults
         self._escape = escape
 
+    def uses(self, name: str) -> bool:
+        """Whether a placeholder reads the top-level variable `name` (`{{ name }}`, `{{ name.x }}`)."""
+        return any(isinstance(part, _Variable) and part.path[0] == name for part in self._parts)
+
     def render(self, context: Mapping[str, Any]) -> str:
         out: list[str] = []
         for part in self._parts:

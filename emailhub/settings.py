@@ -129,6 +129,15 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 
 EMAILHUB_DEFAULT_FROM = env_str("EMAILHUB_DEFAULT_FROM", "emailhub <no-reply@emailhub.local>")
 EMAILHUB_MESSAGE_ID_DOMAIN = env_str("EMAILHUB_MESSAGE_ID_DOMAIN", "emailhub.local")
+# Where recipients reach this deployment's web process: the unsubscribe links in every campaign
+# message are {EMAILHUB_PUBLIC_URL}/u/<token>. RFC 8058 requires HTTPS; `manage.py check --deploy`
+# refuses the local default and http (campaigns.E002); a malformed URL is refused always (E001).
+EMAILHUB_PUBLIC_URL = env_str("EMAILHUB_PUBLIC_URL", "http://localhost:8000")
+# Optional mailbox for a second, mailto: unsubscribe URI (RFC 2369); emailhub does not read it.
+EMAILHUB_UNSUBSCRIBE_MAILTO = env_str("EMAILHUB_UNSUBSCRIBE_MAILTO", "")
+# How long an unsubscribe link works after it was sent. Gmail and Yahoo expect links to keep
+# working; never fewer than 30 days.
+EMAILHUB_UNSUBSCRIBE_TOKEN_DAYS = env_int("EMAILHUB_UNSUBSCRIBE_TOKEN_DAYS", 90, minimum=30)
 # A worker process caches API key lookups this long; a revoked key stops working in every
 # process within this time (at once in the process that revoked it).
 EMAILHUB_API_KEY_CACHE_SECONDS = env_float("EMAILHUB_API_KEY_CACHE_SECONDS", 30.0, minimum=0.0)

@@ -6,6 +6,7 @@ from django.http import HttpRequest, JsonResponse
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from campaigns.views import unsubscribe_view
 from delivery.admin import provider_health_view
 
 
@@ -25,4 +26,6 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("healthz", healthz, name="healthz"),
+    # RFC 8058 one-click unsubscribe: top level, not under /api/ (no key, no JSON).
+    path("u/<str:token>", unsubscribe_view, name="unsubscribe"),
 ]

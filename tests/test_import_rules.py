@@ -36,6 +36,7 @@ PUBLIC: dict[str, set[str]] = {
         "progress",
         "erasure",
         "suppressions",
+        "unsubscribe",
     },
     "scheduling": {"models", "services", "selectors", "exceptions"},
     "delivery": {"models", "services", "selectors", "exceptions"},

@@ -9,6 +9,7 @@ from django.core.validators import validate_email
 from rest_framework import serializers
 
 from campaigns.models import Priority, Template
+from campaigns.unsubscribe import CONTEXT_FLAG
 from core.validators import no_crlf, validate_mailbox
 from delivery.models import Message
 
@@ -26,6 +27,9 @@ class MessageCreateSerializer(serializers.Serializer):
     context = serializers.DictField(required=False, default=dict)  # type: ignore[assignment]
     priority = serializers.ChoiceField(choices=Priority.choices, default=Priority.HIGH)
     send_at = serializers.DateTimeField(required=False)
+    # RFC 8058 one-click unsubscribe headers and {{ unsubscribe_url }} on a transactional message
+    # (a newsletter sent through the API); an unsubscribed address then no longer gets it.
+    unsubscribe = serializers.BooleanField(required=False, default=False)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -44,6 +48,11 @@ class MessageCreateSerializer(serializers.Serializer):
 
     def validate_subject(self, value: str) -> str:
         return no_crlf(value)
+
+    def validate_context(self, value: dict[str, Any]) -> dict[str, Any]:
+        if CONTEXT_FLAG in value:
+            raise serializers.ValidationError(f"{CONTEXT_FLAG!r} is reserved; use the unsubscribe field")
+        return value
 
     def validate_template(self, value: str) -> Template:
         template = Template.objects.filter(name=value).first()

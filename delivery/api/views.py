@@ -56,6 +56,7 @@ class MessageListView(mixins.ListModelMixin, generics.GenericAPIView):
             template=data.get("template"),
             context=data.get("context") or None,
             send_at=data.get("send_at"),
+            unsubscribe=data["unsubscribe"],
         )
         try:
             message, created = accept_message(

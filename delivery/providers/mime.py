@@ -27,6 +27,15 @@ from delivery.providers.base import OutgoingEmail
 CRLF = b"\r\n"
 # RFC 5322 §2.1.1: lines SHOULD be no longer than 78 characters.
 _MAX_PLAIN_HEADER = 78
+# Headers whose value is a list of <URI> (RFC 2369); List-Unsubscribe carries the one-click link.
+_URI_LIST_HEADERS = {
+    "list-unsubscribe",
+    "list-help",
+    "list-subscribe",
+    "list-post",
+    "list-owner",
+    "list-archive",
+}
 
 
 def _header(name: str, value: str) -> bytes:
@@ -35,6 +44,15 @@ def _header(name: str, value: str) -> bytes:
     line = f"{name}: {value}"
     if value.isascii() and len(line) <= _MAX_PLAIN_HEADER:
         return line.encode("ascii")
+    if name.lower() in _URI_LIST_HEADERS:
+        # A list of <URI>s is structured: RFC 2047 encoded-words are not allowed in it (§5),
+        # and a client would not read the URIs back. Fold between the URIs instead.
+        if not value.isascii():
+            raise ValueError(f"header {name} must be ASCII")
+        folded = value.replace(", <", ",\r\n <")
+        if max(len(part) for part in f"{name}: {folded}".split("\r\n")) > 998:
+            raise ValueError(f"{name} is longer than an RFC 5322 line allows")
+        return f"{name}: {folded}".encode("ascii")
     # RFC 2047 encoded-words, folded; Header knows both.
     encoded = Header(value, "utf-8", header_name=name).encode(linesep="\r\n")
     return f"{name}: {encoded}".encode("ascii")

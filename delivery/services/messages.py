@@ -13,6 +13,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from campaigns.models import Template
+from campaigns.unsubscribe import CONTEXT_FLAG
 from core.schedule_index import index_after_commit, message_unit
 from delivery.exceptions import IdempotencyConflict
 from delivery.models import ApiKey, Message, MessageStatus
@@ -31,6 +32,9 @@ class NewMessage:
     template: Template | None = None
     context: dict[str, Any] | None = None
     send_at: datetime | None = None
+    # Carry a one-click unsubscribe link (List-Unsubscribe headers, {{ unsubscribe_url }}), as
+    # campaign messages do; an `unsubscribed` suppression then stops this message too.
+    unsubscribe: bool = False
 
 
 def request_fingerprint(body: Any) -> str:
@@ -55,6 +59,8 @@ def accept_message(
     """
     now = timezone.now()
     scheduled = new.send_at is not None and new.send_at > now
+    # No column for the flag: it rides in the context under a key no template can name.
+    context = {**(new.context or {}), CONTEXT_FLAG: True} if new.unsubscribe else new.context
     message = Message(
         api_key=api_key,
         to_email=new.to,
@@ -64,7 +70,7 @@ def accept_message(
         html=new.html,
         text=new.text,
         template=new.template,
-        context=new.context or None,
+        context=context or None,
         priority=new.priority,
         status=MessageStatus.SCHEDULED if scheduled else MessageStatus.QUEUED,
         due_at=new.send_at if scheduled else None,

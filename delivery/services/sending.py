@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -18,6 +19,13 @@ from django.utils import timezone
 
 from campaigns.models import Campaign, Contact, Priority, Template
 from campaigns.services import compile_template, contact_context
+from campaigns.unsubscribe import (
+    URL_VARIABLE,
+    list_unsubscribe_headers,
+    unsubscribe_url,
+    wants_unsubscribe,
+    with_footer,
+)
 from core.templating import EmailTemplate, TemplateSyntaxError
 from delivery.exceptions import ProviderUnavailable
 from delivery.providers import Outcome, OutgoingEmail
@@ -139,12 +147,20 @@ def _render(messages: Iterable[ClaimedMessage]) -> tuple[list[OutgoingEmail], li
     the whole batch over and over."""
     messages = list(messages)
     template_ids = {m.template_id for m in messages if m.template_id}
-    compiled: dict[int, EmailTemplate | str] = {}
+    # Compiled once per batch: a campaign's messages get its template with an unsubscribe footer
+    # where it has no {{ unsubscribe_url }}; transactional ones get the template as written.
+    compiled: dict[tuple[int, bool], EmailTemplate | str] = {}
+    needed = {(m.template_id, m.campaign_id is not None) for m in messages if m.template_id}
     for template in Template.objects.filter(pk__in=template_ids) if template_ids else []:
-        try:
-            compiled[template.pk] = compile_template(template)
-        except TemplateSyntaxError as exc:
-            compiled[template.pk] = f"template {template.name!r} does not compile: {exc}"
+        for footer in (f for t, f in needed if t == template.pk):
+            try:
+                compiled[(template.pk, footer)] = (
+                    with_footer(template.subject, template.html, template.text, template.defaults)
+                    if footer
+                    else compile_template(template)
+                )
+            except TemplateSyntaxError as exc:
+                compiled[(template.pk, footer)] = f"template {template.name!r} does not compile: {exc}"
     contact_ids = {m.contact_id for m in messages if m.contact_id}
     contacts = Contact.objects.in_bulk(contact_ids) if contact_ids else {}
     campaign_ids = {m.campaign_id for m in messages if m.campaign_id}
@@ -158,16 +174,25 @@ def _render(messages: Iterable[ClaimedMessage]) -> tuple[list[OutgoingEmail], li
         else {}
     )
     default_from = settings.EMAILHUB_DEFAULT_FROM
+    issued_at = int(time.time())  # one issue time for the batch's unsubscribe tokens
     emails: list[OutgoingEmail] = []
     unbuildable: list[tuple[int, str]] = []
     for m in messages:
+        headers: dict[str, str] = {}
+        link = None
+        if wants_unsubscribe(m.campaign_id, m.context):
+            link = unsubscribe_url(m.id, issued_at)
+            headers = list_unsubscribe_headers(link)
         if m.template_id:
-            compiled_template = compiled.get(m.template_id, "the message's template was deleted")
+            key = (m.template_id, m.campaign_id is not None)
+            compiled_template = compiled.get(key, "the message's template was deleted")
             if isinstance(compiled_template, str):
                 unbuildable.append((m.id, f"message cannot be built: {compiled_template}"))
                 continue
             context = contact_context(contacts.get(m.contact_id) if m.contact_id else None, m.context)
             context.setdefault("email", m.to_email)
+            if link is not None:
+                context[URL_VARIABLE] = link  # ours, whatever the request context said
             rendered = compiled_template.render(context)
             subject, html, text = rendered.subject, rendered.html, rendered.text
         else:
@@ -183,6 +208,7 @@ def _render(messages: Iterable[ClaimedMessage]) -> tuple[list[OutgoingEmail], li
                 text=text,
                 html=html,
                 reply_to=m.reply_to,
+                headers=headers,
             )
         )
     return emails, unbuildable

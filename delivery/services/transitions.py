@@ -27,6 +27,7 @@ from typing import Any
 from django.db import connection, transaction
 
 from campaigns.selectors import AUDIENCE_STEP_CTES, campaign_status_sql, suppressed_sql
+from campaigns.unsubscribe import CONTEXT_FLAG
 from delivery.models import Message
 from delivery.services import send_events
 
@@ -160,9 +161,9 @@ def queue_slot(campaign_id: int, due_epoch: int | None) -> list[tuple[int, str]]
 
 
 # Which messages (alias `m`) are marketing mail, for campaigns.selectors.suppressed_sql: an
-# `unsubscribed` suppression stops these only. Campaign messages today; a transactional message
-# that carries an unsubscribe link should be added here when it has a column saying so.
-MARKETING_SQL = "m.campaign_id IS NOT NULL"
+# `unsubscribed` suppression stops these only. Campaign messages, and transactional messages
+# sent with `unsubscribe: true` (they carry an unsubscribe link; the flag is a context key).
+MARKETING_SQL = f"(m.campaign_id IS NOT NULL OR coalesce(m.context ? '{CONTEXT_FLAG}', false))"
 
 # --- queued → sending (the send worker's claim) -------------------------------------------------
 

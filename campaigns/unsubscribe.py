@@ -1,0 +1,214 @@
+"""One-click unsubscribe (RFC 8058 + RFC 2369): tokens, the headers and footer the send path adds,
+and the service the `/u/<token>` view calls to record an unsubscribe.
+
+**Token.** One per message: the message id fixes the contact and the campaign (a campaign has one
+message per contact, `UNIQUE(campaign, contact)`), so the token says (message id, issue time)
+and nothing else. It is an authenticated encryption of those 12 bytes in the SIV shape: the tag
+is an HMAC-SHA256 (truncated to 128 bits) of the plaintext under a key derived from SECRET_KEY,
+and the plaintext is XORed with an HMAC keystream derived from the tag under a second key. The
+URL therefore reveals neither the message id nor how many messages we send (two consecutive
+messages' tokens share nothing), cannot be guessed (2^128 tags) and cannot be made for another
+message without SECRET_KEY. 28 bytes, 38 base64url characters. Verified in constant time
+(`hmac.compare_digest`). A token is valid for `EMAILHUB_UNSUBSCRIBE_TOKEN_DAYS` (90 by default,
+never fewer than 30) after it was issued, at send time; changing SECRET_KEY invalidates every
+link already sent.
+
+**Scope.** An unsubscribe is global for marketing mail: the address is suppressed with reason
+`unsubscribed`, which blocks every campaign message (and transactional messages sent with
+`unsubscribe: true`) to it, but not ordinary transactional mail (password resets still go).
+There is no per-list opt-out: one click must be honoured without asking which list, and a
+recipient who clicks "unsubscribe" means "stop the marketing". The rule lives in
+`campaigns.selectors.suppressed_sql`, which the send claim composes.
+
+**Recording** goes through `delivery.services.events.record_events` as a ProviderEvent of
+provider `emailhub`, kind `unsubscribed`, with an event id per message: a repeated POST, a
+retried one or a second link of the same message is a duplicate and changes nothing, and the
+campaign's `unsubscribed_count` moves once per message.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import re
+import struct
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from urllib.parse import quote
+
+from django.conf import settings
+
+from core.templating import EmailTemplate
+from delivery.models import Message
+from delivery.services.events import ProviderEvent, record_events
+
+# The template variable the send path fills with this message's link.
+URL_VARIABLE = "unsubscribe_url"
+# Message.context key that marks a transactional message sent with `unsubscribe: true` (the API
+# flag). A template path is letters, digits, _ and dots, so no template can read or collide
+# with it, and the claim can test it in SQL (`context ? 'emailhub:unsubscribe'`).
+CONTEXT_FLAG = "emailhub:unsubscribe"
+
+ONE_CLICK = "List-Unsubscribe=One-Click"
+PROVIDER = "emailhub"
+
+_PAYLOAD = struct.Struct(">QI")  # message id, issue time (Unix seconds, good until 2106)
+_TAG_BYTES = 16
+TOKEN_LENGTH = 38  # base64url of 16 + 12 bytes, unpadded
+_TOKEN_CHARS = re.compile(rf"^[A-Za-z0-9_-]{{{TOKEN_LENGTH}}}$")
+# A token issued this far in the future was not issued by a server with a sane clock.
+_CLOCK_SKEW_SECONDS = 300
+
+
+class InvalidToken(ValueError):
+    """Not a token we issued (malformed, forged, or made under another SECRET_KEY)."""
+
+
+class ExpiredToken(ValueError):
+    """A genuine token older than EMAILHUB_UNSUBSCRIBE_TOKEN_DAYS."""
+
+
+def _key(purpose: str) -> bytes:
+    return hmac.new(
+        settings.SECRET_KEY.encode(), f"emailhub.unsubscribe.{purpose}".encode(), hashlib.sha256
+    ).digest()
+
+
+def _keystream(tag: bytes) -> bytes:
+    return hmac.new(_key("enc"), tag, hashlib.sha256).digest()[: _PAYLOAD.size]
+
+
+def _xor(data: bytes, stream: bytes) -> bytes:
+    return bytes(a ^ b for a, b in zip(data, stream, strict=True))
+
+
+def make_token(message_id: int, issued_at: int | None = None) -> str:
+    """The unsubscribe token of message `message_id`, issued at `issued_at` (Unix seconds, now)."""
+    issued = int(time.time()) if issued_at is None else issued_at
+    plain = _PAYLOAD.pack(message_id, issued)
+    tag = hmac.new(_key("mac"), plain, hashlib.sha256).digest()[:_TAG_BYTES]
+    return base64.urlsafe_b64encode(tag + _xor(plain, _keystream(tag))).decode("ascii").rstrip("=")
+
+
+def read_token(token: str, *, now: float | None = None) -> int:
+    """The message id a token was issued for. Raises InvalidToken or ExpiredToken."""
+    if not _TOKEN_CHARS.match(token):
+        raise InvalidToken("malformed token")
+    try:
+        raw = base64.urlsafe_b64decode(token + "==")
+    except (binascii.Error, ValueError):
+        raise InvalidToken("malformed token") from None
+    if base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=") != token:
+        raise InvalidToken("malformed token")  # stray bits in the last character: one spelling only
+    tag, sealed = raw[:_TAG_BYTES], raw[_TAG_BYTES:]
+    plain = _xor(sealed, _keystream(tag))
+    expected = hmac.new(_key("mac"), plain, hashlib.sha256).digest()[:_TAG_BYTES]
+    if not hmac.compare_digest(tag, expected):
+        raise InvalidToken("token does not verify")
+    message_id, issued = _PAYLOAD.unpack(plain)
+    current = time.time() if now is None else now
+    if issued > current + _CLOCK_SKEW_SECONDS:
+        raise InvalidToken("token issued in the future")
+    if current - issued > settings.EMAILHUB_UNSUBSCRIBE_TOKEN_DAYS * 86400:
+        raise ExpiredToken("this unsubscribe link has expired")
+    return message_id
+
+
+# --- what the send path adds to a message ----------------------------------------------------
+
+
+def unsubscribe_url(message_id: int, issued_at: int | None = None) -> str:
+    return f"{settings.EMAILHUB_PUBLIC_URL.rstrip('/')}/u/{make_token(message_id, issued_at)}"
+
+
+def list_unsubscribe_headers(url: str) -> dict[str, str]:
+    """RFC 2369 List-Unsubscribe with the one HTTPS URI RFC 8058 §3.1 requires (plus a mailto:
+    when EMAILHUB_UNSUBSCRIBE_MAILTO is set), and RFC 8058's List-Unsubscribe-Post. A DKIM
+    signature must cover both (RFC 8058 §4), which the signer's header list does."""
+    uris = [f"<{url}>"]
+    mailbox = settings.EMAILHUB_UNSUBSCRIBE_MAILTO
+    if mailbox:
+        token = url.rsplit("/", 1)[1]
+        uris.append(f"<mailto:{mailbox}?subject={quote('unsubscribe ' + token)}>")
+    return {"List-Unsubscribe": ", ".join(uris), "List-Unsubscribe-Post": ONE_CLICK}
+
+
+def wants_unsubscribe(campaign_id: int | None, context: object) -> bool:
+    """Every campaign message carries the link; a transactional one when it asked for it."""
+    return campaign_id is not None or (isinstance(context, dict) and context.get(CONTEXT_FLAG) is True)
+
+
+HTML_FOOTER = (
+    '<p style="font-size:12px;color:#666666">You receive this because you subscribed. '
+    f'<a href="{{{{ {URL_VARIABLE} }}}}">Unsubscribe</a></p>'
+)
+TEXT_FOOTER = f"\n\n--\nUnsubscribe: {{{{ {URL_VARIABLE} }}}}\n"
+_BODY_END = re.compile(r"</body\s*>", re.IGNORECASE)
+
+
+def with_footer(subject: str, html: str, text: str, defaults: dict | None = None) -> EmailTemplate:
+    """A campaign template compiled once per batch, with an unsubscribe footer added to each part
+    (HTML before `</body>`, text at the end) that does not already use `{{ unsubscribe_url }}`.
+    An empty part stays empty (the MIME writer's fallback text says to read the HTML)."""
+    compiled = EmailTemplate(subject, html, text, defaults)
+    html_uses, text_uses = compiled.html.uses(URL_VARIABLE), compiled.text.uses(URL_VARIABLE)
+    if (html_uses or not html) and (text_uses or not text):
+        return compiled
+    if html and not html_uses:
+        ends = list(_BODY_END.finditer(html))
+        at = ends[-1].start() if ends else len(html)
+        html = html[:at] + HTML_FOOTER + html[at:]
+    if text and not text_uses:
+        text = text.rstrip("\n") + TEXT_FOOTER
+    return EmailTemplate(subject, html, text, defaults)
+
+
+# --- recording ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    message_id: int
+    address: str
+    campaign_id: int | None
+
+
+def target_of(token: str) -> Target:
+    """Who a token unsubscribes. Raises InvalidToken (also for a message that no longer exists)
+    or ExpiredToken. Reads only."""
+    message_id = read_token(token)
+    row = Message.objects.filter(pk=message_id).values_list("to_email", "campaign_id").first()
+    if row is None:
+        raise InvalidToken("this link's message no longer exists")
+    return Target(message_id=message_id, address=row[0].lower(), campaign_id=row[1])
+
+
+def event_id_for(message_id: int) -> str:
+    # Per message, not per token: every link of one message (a retried send issues a new token)
+    # is the same unsubscribe.
+    return f"unsubscribe:{message_id}"
+
+
+def unsubscribe(token: str, *, one_click: bool) -> tuple[Target, bool]:
+    """Record the unsubscribe of a token's address, synchronously (RFC 8058 §3.2: the POST's
+    answer means it is done). Returns (target, whether this was new); a repeat changes nothing.
+    Raises InvalidToken or ExpiredToken and then writes nothing."""
+    target = target_of(token)
+    recorded = record_events(
+        [
+            ProviderEvent(
+                provider=PROVIDER,
+                event_id=event_id_for(target.message_id),
+                kind="unsubscribed",
+                occurred_at=datetime.now(UTC),
+                message_id=target.message_id,
+                recipient=target.address,
+                detail="one-click (RFC 8058)" if one_click else "unsubscribe page",
+                payload={"campaign_id": target.campaign_id, "one_click": one_click},
+            )
+        ]
+    )
+    return target, recorded.new > 0
