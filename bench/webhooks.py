@@ -5,7 +5,7 @@ Run from the repository root, after `make test` has set up the services:
     .venv/bin/python bench/webhooks.py [--provider sns] [--requests 2000] [--concurrency 4]
 
 It starts, and always stops (also on error, Ctrl-C or SIGTERM): a database of its own
-(`emailhub_bench`, created and migrated if missing), Redis database 13, gunicorn (the `web`
+(`emailhub_bench_webhooks`, created and migrated if missing), Redis database 13, gunicorn (the `web`
 command of scripts/stack.py) and, for SNS, a loopback server for the signing certificate.
 Each provider has one function (`sns_run`, …) that builds its signed requests BEFORE the clock
 starts (signing is the provider's cost, not ours), then POSTs them from `--concurrency` threads.
@@ -48,7 +48,7 @@ from bench.transactional import group_stats  # noqa: E402
 from delivery.testing.sns import TOPIC_ARN, SNSSigner, ses_event  # noqa: E402
 from scripts.stack import Stack  # noqa: E402
 
-BENCH_DB = "emailhub_bench"
+BENCH_DB = "emailhub_bench_webhooks"  # its own: it truncates the event and message tables
 REDIS_URL = "redis://127.0.0.1:6379/13"
 LOG_DIR = ROOT / "bench" / ".cache" / "logs"
 
@@ -68,10 +68,13 @@ def make_messages(count: int) -> list[int]:
     """`count` sent messages for the events to land on (one set-based insert)."""
     with connection.cursor() as cursor:
         cursor.execute(
-            """INSERT INTO delivery_message (to_email, priority, status, provider, provider_message_id,
+            # Address and SES id derived from the row's own id, as the events name them.
+            """INSERT INTO delivery_message (id, to_email, priority, status, provider, provider_message_id,
                                              sent_at, attempts, created_at)
-               SELECT 'user' || g || '@example.com', 'normal', 'sent', 'ses', 'ses-bench-' || g, now(), 1, now()
-                 FROM generate_series(1, %s) AS g
+               SELECT n.id, 'user' || n.id || '@example.com', 'normal', 'sent', 'ses', 'ses-bench-' || n.id,
+                      now(), 1, now()
+                 FROM (SELECT nextval(pg_get_serial_sequence('delivery_message', 'id')) AS id
+                         FROM generate_series(1, %s)) AS n
                RETURNING id""",
             [count],
         )
@@ -177,7 +180,7 @@ def sns_run(args: argparse.Namespace, base_env: dict[str, str]) -> dict[str, Any
                 {"timestamp": "2024-05-01T12:00:01.000Z", "recipients": recipients, "smtpResponse": "250 ok"},
                 recipients,
                 ses_message_id=f"ses-bench-{ids[0]}",
-                emailhub_id=ids[0],
+                emailhub_id=ids[0] if args.sns_lookup == "header" else None,
             )
             envelope = signer.notification(event, message_id=f"{tag}-{i}")
             out.append((json.dumps(envelope).encode(), {"Content-Type": "text/plain; charset=UTF-8"}))
@@ -221,6 +224,12 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=50, help="unmeasured requests first")
     parser.add_argument("--messages", type=int, default=10_000, help="sent messages the events refer to")
     parser.add_argument("--sns-recipients", type=int, default=1, help="recipients per SNS notification")
+    parser.add_argument(
+        "--sns-lookup",
+        choices=["header", "provider-id"],
+        default="header",
+        help="name the message by the X-Emailhub-Message header or only by SES's messageId",
+    )
     parser.add_argument("--concurrency", type=int, default=4, help="client threads, a Session each")
     parser.add_argument("--web-workers", type=int, default=2)
     args = parser.parse_args()
