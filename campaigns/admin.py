@@ -7,7 +7,9 @@ from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.urls import reverse
 from django.utils.html import format_html
+from django.utils.http import urlencode
 
 from campaigns import lifecycle
 from campaigns.erasure import erase_contacts, placeholder_for
@@ -40,8 +42,20 @@ class ContactAdmin(admin.ModelAdmin):
     list_display = ("email", "name", "timezone", "status", "created_at", "anonymised_at")
     list_filter = ("status",)
     search_fields = ("=email", "name")
-    readonly_fields = ("status", "created_at", "updated_at", "anonymised_at")
+    readonly_fields = ("status", "suppression", "events", "created_at", "updated_at", "anonymised_at")
     show_full_result_count = False
+
+    @admin.display(description="suppression")
+    def suppression(self, contact: Contact) -> str:
+        row = Suppression.objects.filter(email=contact.email.lower()).first()
+        return f"{row.reason}: {row.detail or 'no detail'} (since {row.created_at:%Y-%m-%d})" if row else "—"
+
+    @admin.display(description="events")
+    def events(self, contact: Contact) -> str:
+        # Events are kept by address (recipient), not by contact: the link filters the event list.
+        query = urlencode({"recipient": contact.email.lower()})  # a `+` in an address stays a `+`
+        url = f"{reverse('admin:delivery_emailevent_changelist')}?{query}"
+        return format_html('<a href="{}">events for {}</a>', url, contact.email)
 
     def has_change_permission(self, request: HttpRequest, obj: Contact | None = None) -> bool:
         if obj is not None and obj.anonymised_at is not None:
@@ -95,7 +109,8 @@ class ListMembershipAdmin(admin.ModelAdmin):
 
 @admin.register(Suppression)
 class SuppressionAdmin(admin.ModelAdmin):
-    list_display = ("email", "reason", "created_at")
+    # The detail is the provider's diagnostic (bounce subtype, complaint type): why it is here.
+    list_display = ("email", "reason", "detail", "created_at")
     list_filter = ("reason",)
     search_fields = ("=email",)
     readonly_fields = ("created_at",)
@@ -222,6 +237,8 @@ class CampaignAdmin(admin.ModelAdmin):
         "total_count",
         "sent_count",
         "progress",
+        "bounce_rate",
+        "complaint_rate",
         "created_at",
     )
     list_filter = (ArchivedFilter, "status", "priority", "schedule_type")
@@ -233,6 +250,8 @@ class CampaignAdmin(admin.ModelAdmin):
     always_readonly = (
         *(f.name for f in Campaign._meta.fields if f.name not in ("id", "name", *DRAFT_CONTENT)),
         "progress",
+        "bounce_rate",
+        "complaint_rate",
     )
 
     def get_readonly_fields(self, request: HttpRequest, obj: Campaign | None = None) -> tuple[str, ...]:
@@ -287,6 +306,20 @@ class CampaignAdmin(admin.ModelAdmin):
     @admin.display(description="done")
     def progress(self, campaign: Campaign) -> str:
         return f"{campaign.percent_done}%"
+
+    # Feedback over what was sent: hard bounces and complaints, each message counted once
+    # (delivery.services.events moves the counters).
+    @admin.display(description="bounce rate")
+    def bounce_rate(self, campaign: Campaign) -> str:
+        return _rate(campaign.bounced_count, campaign.sent_count)
+
+    @admin.display(description="complaint rate")
+    def complaint_rate(self, campaign: Campaign) -> str:
+        return _rate(campaign.complained_count, campaign.sent_count)
+
+
+def _rate(part: int, whole: int) -> str:
+    return f"{100 * part / whole:.2f}% ({part})" if whole else "—"
 
 
 class ImportReadOnlyAdmin(admin.ModelAdmin):

@@ -10,7 +10,7 @@ from django.template.response import TemplateResponse
 from core.admin import ReadOnlyAdmin
 from delivery.authentication import revoke_api_key
 from delivery.models import ApiKey, ApiKeyScope, EmailEvent, Message
-from delivery.selectors import provider_chains, provider_health
+from delivery.selectors import feedback_rates_by_provider, provider_chains, provider_health
 from delivery.services import operator
 from delivery.services.operator import OperatorReport
 
@@ -43,9 +43,27 @@ def cancel_messages(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset
     )
 
 
+class EmailEventInline(admin.TabularInline):
+    """What providers and recipients reported about the message (read-only, newest first)."""
+
+    model = EmailEvent
+    fields = ("kind", "bounce", "provider", "recipient", "detail", "occurred_at", "provider_event_id")
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    show_change_link = True
+
+    def has_add_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+
 @admin.register(Message)
 class MessageAdmin(ReadOnlyAdmin):
     actions = [retry_failed_messages, cancel_messages]
+    inlines = [EmailEventInline]
     list_display = ("id", "to_email", "priority", "status", "provider", "attempts", "created_at", "sent_at")
     list_filter = ("status", "priority", "provider")
     search_fields = ("=to_email", "=provider_message_id")
@@ -57,12 +75,14 @@ class MessageAdmin(ReadOnlyAdmin):
 
 @admin.register(EmailEvent)
 class EmailEventAdmin(ReadOnlyAdmin):
-    """History written by webhooks and tracking."""
+    """History written by delivery.services.events (webhooks, DSNs, unsubscribe links)."""
 
-    list_display = ("id", "kind", "provider", "message", "occurred_at")
-    list_filter = ("kind", "provider")
-    search_fields = ("=message__to_email", "=provider_event_id")
+    list_display = ("id", "kind", "bounce", "provider", "recipient", "message", "detail", "occurred_at")
+    list_filter = ("kind", "provider", "bounce")
+    # `=recipient` is what the contact page links to (?recipient=…); lower-case, as stored.
+    search_fields = ("=recipient", "=provider_event_id")
     raw_id_fields = ("message",)
+    show_full_result_count = False
 
 
 class ApiKeyForm(forms.ModelForm):
@@ -121,5 +141,6 @@ def provider_health_view(request: HttpRequest) -> HttpResponse:
         "title": "Provider health",
         "chains": provider_chains(),
         "providers": provider_health(),
+        "feedback": feedback_rates_by_provider(),
     }
     return TemplateResponse(request, "admin/delivery/provider_health.html", context)

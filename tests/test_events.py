@@ -4,18 +4,21 @@ and the events API. Real PostgreSQL and Redis; the SMTP server on loopback for t
 from __future__ import annotations
 
 import threading
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 import redis as redis_lib
 from django.db import connection, transaction
+from django.test import Client
 from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from campaigns import fanout
-from campaigns.models import Campaign, Suppression
+from campaigns.models import Campaign, Contact, Suppression
 from delivery.authentication import create_api_key
-from delivery.models import EmailEvent, Message, MessageStatus
+from delivery.models import ApiKey, EmailEvent, Message, MessageStatus
 from delivery.services.events import InvalidEvent, ProviderEvent, record_events
 from delivery.services.sending import send_messages
 from delivery.testing.smtp_server import SMTPTestServer
@@ -346,3 +349,141 @@ def test_a_permanent_bounce_while_a_campaign_sends_suppresses_its_later_batches(
     assert victim.to_email not in {m.rcpt_tos[0] for m in smtp.wait_for(5)}
     campaign.refresh_from_db()
     assert (campaign.sent_count, campaign.suppressed_count, campaign.status) == (5, 1, "completed")
+
+
+# --- the events API ----------------------------------------------------------------------------------
+
+
+def client_for(*scopes: str) -> tuple[APIClient, ApiKey]:
+    key, raw = create_api_key(f"k-{len(scopes)}-{'-'.join(scopes)}-{ApiKey.objects.count()}", list(scopes))
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    return client, key
+
+
+def test_a_key_reads_its_own_messages_events_and_anothers_is_404() -> None:
+    alice, alice_key = client_for("send", "read")
+    bob, _ = client_for("send", "read")
+    ops, _ = client_for("manage")
+    message = sent(api_key=alice_key)
+    record_events(
+        [event("1", "delivered", message), event("2", "opened", message, occurred_at=T0 + timedelta(hours=1))]
+    )
+
+    page = alice.get(f"/api/v1/messages/{message.pk}/events")
+    assert page.status_code == 200
+    assert [e["kind"] for e in page.json()["results"]] == ["opened", "delivered"]  # newest first
+    assert page.json()["results"][0]["message"] == message.pk
+    assert bob.get(f"/api/v1/messages/{message.pk}/events").status_code == 404
+    assert ops.get(f"/api/v1/messages/{message.pk}/events").status_code == 200
+    assert alice.get("/api/v1/messages/999999999/events").status_code == 404
+    assert alice.get(f"/api/v1/messages/{2**70}/events").status_code == 404
+
+
+def test_listing_every_event_needs_manage() -> None:
+    app, _ = client_for("send", "read")
+    response = app.get("/api/v1/events")
+    assert response.status_code == 403 and "`manage`" in response.content.decode()
+
+
+def test_events_filter_by_kind_provider_message_campaign_recipient_and_time() -> None:
+    ops, _ = client_for("manage")
+    campaign = sending_campaign(0)
+    news = sent("ann@example.com", campaign=campaign)
+    reset = sent("bob@example.com")
+    record_events(
+        [
+            event("1", "delivered", news),
+            event("2", "bounced", reset, bounce="transient", occurred_at=T0 + timedelta(hours=1)),
+            event("3", "complained", news, provider="sendgrid", occurred_at=T0 + timedelta(hours=2)),
+        ]
+    )
+
+    def ids(**query: object) -> list[str]:
+        response = ops.get("/api/v1/events", query)
+        assert response.status_code == 200, response.content
+        return [e["provider_event_id"] for e in response.json()["results"]]
+
+    assert ids() == ["3", "2", "1"]
+    assert ids(kind="bounced") == ["2"]
+    assert ids(provider="sendgrid") == ["3"]
+    assert ids(message=news.pk) == ["3", "1"]
+    assert ids(campaign=campaign.pk) == ["3", "1"]
+    assert ids(recipient="BOB@example.com") == ["2"]
+    assert ids(bounce="transient") == ["2"]
+    assert ids(since=(T0 + timedelta(hours=1)).isoformat()) == ["3", "2"]
+    assert ids(until=(T0 + timedelta(hours=1)).isoformat()) == ["1"]
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        {"kind": "exploded"},
+        {"message": "abc"},
+        {"campaign": "-1"},
+        {"since": "yesterday"},
+        {"since": "2025-03-02T00:00:00Z", "until": "2025-03-01T00:00:00Z"},
+        {"recipent": "typo@example.com"},  # an unknown filter is not silently ignored
+        {"message": str(2**70)},
+    ],
+)
+def test_a_bad_event_filter_is_a_400(query: dict) -> None:
+    ops, _ = client_for("manage")
+    assert ops.get("/api/v1/events", query).status_code == 400
+
+
+def test_events_are_keyset_paginated_by_cursor_without_gaps_or_repeats() -> None:
+    ops, _ = client_for("manage")
+    message = sent()
+    record_events([event(f"e{i}", "opened", message) for i in range(25)])
+    seen: list[int] = []
+    url: str | None = "/api/v1/events?page_size=10"
+    pages = 0
+    while url:
+        body = ops.get(url).json()
+        seen += [e["id"] for e in body["results"]]
+        # New events arriving between pages do not shift what the cursor returns next.
+        if pages == 0:
+            record_events([event("late", "clicked", message)])
+        url = body["next"]
+        pages += 1
+    assert pages == 3 and len(seen) == 25 == len(set(seen))
+    assert seen == sorted(seen, reverse=True)
+    assert "late" not in {e.provider_event_id for e in EmailEvent.objects.filter(pk__in=seen)}
+
+
+# --- the admin ------------------------------------------------------------------------------------
+
+
+def test_the_admin_shows_events_on_the_message_and_contact_pages_and_rates_per_campaign_and_provider(
+    admin_client: Client,
+) -> None:
+    campaign = sending_campaign(0)
+    Campaign.objects.filter(pk=campaign.pk).update(sent_count=4)
+    contact = Contact.objects.create(email="Gone+news@example.com", timezone="UTC")
+    message = sent("Gone+news@example.com", campaign=campaign, sent_at=timezone.now())
+    sent("fine@example.com", sent_at=timezone.now())
+    record_events([event("hb-1", "bounced", message, bounce="permanent", detail="General: 550 5.1.1")])
+
+    message_page = admin_client.get(
+        reverse("admin:delivery_message_change", args=[message.pk])
+    ).content.decode()
+    assert "hb-1" in message_page and "General: 550 5.1.1" in message_page
+
+    contact_page = admin_client.get(
+        reverse("admin:campaigns_contact_change", args=[contact.pk])
+    ).content.decode()
+    assert "bounced: General: 550 5.1.1" in contact_page
+    link = reverse("admin:delivery_emailevent_changelist") + "?recipient=gone%2Bnews%40example.com"
+    assert link in contact_page
+    events_page = admin_client.get(link).content.decode()
+    assert "hb-1" not in events_page  # the list shows ids and kinds, not provider event ids
+    assert f">{EmailEvent.objects.get().pk}<" in events_page and "General: 550 5.1.1" in events_page
+    filtered = admin_client.get(reverse("admin:delivery_emailevent_changelist") + "?bounce=transient")
+    assert "General: 550 5.1.1" not in filtered.content.decode()
+
+    campaigns_page = admin_client.get(reverse("admin:campaigns_campaign_changelist")).content.decode()
+    assert "25.00% (1)" in campaigns_page  # 1 hard bounce of 4 sent
+
+    providers_page = admin_client.get(reverse("admin-provider-health")).content.decode()
+    assert "<td>2</td><td>1</td><td>50.00%</td>" in providers_page  # ses: 2 sent (in the window), 1 bounced

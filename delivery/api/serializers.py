@@ -11,7 +11,7 @@ from rest_framework import serializers
 from campaigns.models import Priority, Template
 from campaigns.unsubscribe import CONTEXT_FLAG
 from core.validators import no_crlf, validate_mailbox
-from delivery.models import Message
+from delivery.models import EmailEvent, Message
 
 
 class MessageCreateSerializer(serializers.Serializer):
@@ -108,3 +108,50 @@ class MessageSerializer(serializers.ModelSerializer):
             "sent_at",
         ]
         read_only_fields = fields
+
+
+class EmailEventSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = EmailEvent
+        fields = [
+            "id",
+            "message",
+            "kind",
+            "provider",
+            "provider_event_id",
+            "recipient",
+            "bounce",
+            "detail",
+            "occurred_at",
+            "created_at",
+            "payload",
+        ]
+        read_only_fields = fields
+
+
+class EventFilterSerializer(serializers.Serializer):
+    """The query parameters of GET /api/v1/events; anything else in the query is a 400."""
+
+    kind = serializers.ChoiceField(choices=EmailEvent.Kind.choices, required=False)
+    provider = serializers.CharField(max_length=20, required=False)
+    message = serializers.IntegerField(min_value=1, max_value=2**63 - 1, required=False)
+    campaign = serializers.IntegerField(min_value=1, max_value=2**63 - 1, required=False)
+    recipient = serializers.EmailField(max_length=254, required=False)
+    bounce = serializers.ChoiceField(choices=EmailEvent.Bounce.choices, required=False)
+    since = serializers.DateTimeField(required=False)  # occurred_at >= since
+    until = serializers.DateTimeField(required=False)  # occurred_at < until
+
+    # Pagination's own parameters, validated by the paginator.
+    PAGINATION = {"cursor", "page_size"}
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        unknown = set(self.initial_data) - set(self.fields) - self.PAGINATION
+        if unknown:
+            raise serializers.ValidationError(
+                f"unknown filter {', '.join(sorted(unknown))}; use {', '.join(self.fields)}"
+            )
+        if "since" in attrs and "until" in attrs and attrs["since"] >= attrs["until"]:
+            raise serializers.ValidationError({"until": "must be after since"})
+        if "recipient" in attrs:
+            attrs["recipient"] = attrs["recipient"].lower()
+        return attrs

@@ -1,9 +1,17 @@
 from django.urls import path
 
-from delivery.api.views import MessageDetailView, MessageListView, ProviderHealthView
+from delivery.api.views import (
+    EventListView,
+    MessageDetailView,
+    MessageEventsView,
+    MessageListView,
+    ProviderHealthView,
+)
 
 urlpatterns = [
     path("messages", MessageListView.as_view(), name="message-list"),
     path("messages/<int:message_id>", MessageDetailView.as_view(), name="message-detail"),
+    path("messages/<int:message_id>/events", MessageEventsView.as_view(), name="message-events"),
+    path("events", EventListView.as_view(), name="event-list"),
     path("providers", ProviderHealthView.as_view(), name="provider-health"),
 ]

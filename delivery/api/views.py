@@ -8,11 +8,22 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from delivery.api.serializers import MessageCreateSerializer, MessageSerializer
+from delivery.api.serializers import (
+    EmailEventSerializer,
+    EventFilterSerializer,
+    MessageCreateSerializer,
+    MessageSerializer,
+)
 from delivery.exceptions import IdempotencyConflict
-from delivery.models import ApiKey, ApiKeyScope, Message
+from delivery.models import ApiKey, ApiKeyScope, EmailEvent, Message
 from delivery.permissions import request_key
-from delivery.selectors import messages_visible_to, provider_chains, provider_health
+from delivery.selectors import (
+    events_matching,
+    events_of,
+    messages_visible_to,
+    provider_chains,
+    provider_health,
+)
 from delivery.services.messages import NewMessage, accept_message, request_fingerprint
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
@@ -88,3 +99,35 @@ class ProviderHealthView(APIView):
     @extend_schema(responses={200: dict})
     def get(self, request: Request) -> Response:
         return Response({"chains": provider_chains(), "providers": provider_health()})
+
+
+class MessageEventsView(mixins.ListModelMixin, generics.GenericAPIView):
+    """What providers and recipients reported about one message, newest first (cursor pages)."""
+
+    # The same rule as the message itself: a key reads its own messages' events (another key's
+    # message is a 404), `manage` reads every message's.
+    required_scopes = {"GET": (ApiKeyScope.READ, ApiKeyScope.MANAGE)}
+    serializer_class = EmailEventSerializer
+
+    def get_queryset(self) -> QuerySet[EmailEvent]:
+        visible = messages_visible_to(request_key(self.request))
+        return events_of(get_object_or_404(visible, pk=self.kwargs["message_id"]))
+
+    def get(self, request: Request, message_id: int) -> Response:
+        return self.list(request)
+
+
+class EventListView(mixins.ListModelMixin, generics.GenericAPIView):
+    """Every event, newest first, keyset-paginated by id (`cursor`); `manage` scope only (events
+    of campaign mail belong to no application key)."""
+
+    serializer_class = EmailEventSerializer
+
+    def get_queryset(self) -> QuerySet[EmailEvent]:
+        filters = EventFilterSerializer(data=self.request.query_params)
+        filters.is_valid(raise_exception=True)
+        return events_matching(filters.validated_data)
+
+    @extend_schema(parameters=[EventFilterSerializer])
+    def get(self, request: Request) -> Response:
+        return self.list(request)
