@@ -35,8 +35,10 @@ import hmac
 import re
 import struct
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 from urllib.parse import quote
 
 from django.conf import settings
@@ -149,7 +151,9 @@ TEXT_FOOTER = f"\n\n--\nUnsubscribe: {{{{ {URL_VARIABLE} }}}}\n"
 _BODY_END = re.compile(r"</body\s*>", re.IGNORECASE)
 
 
-def with_footer(subject: str, html: str, text: str, defaults: dict | None = None) -> EmailTemplate:
+def with_footer(
+    subject: str, html: str, text: str, defaults: Mapping[str, Any] | None = None
+) -> EmailTemplate:
     """A campaign template compiled once per batch, with an unsubscribe footer added to each part
     (HTML before `</body>`, text at the end) that does not already use `{{ unsubscribe_url }}`.
     An empty part stays empty (the MIME writer's fallback text says to read the HTML)."""
