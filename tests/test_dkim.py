@@ -4,6 +4,7 @@ received by the real aiosmtpd test server."""
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import re
@@ -14,6 +15,7 @@ import dkim
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+from django.core.management import CommandError, call_command
 
 from delivery.exceptions import ProviderConfigurationError
 from delivery.providers import check_provider_settings, close_all, get_provider
@@ -288,3 +290,22 @@ def test_body_canonicalization_shortcuts_agree_with_the_plain_rfc_rules() -> Non
         for symbols in itertools.product(alphabet, repeat=length):
             body = b"".join(symbols)
             assert canonicalize_body(body) == literal(body), body
+
+
+def test_dkim_records_command_prints_the_records_the_verifier_accepts(
+    smtp: SMTPTestServer, dkim_setting: str
+) -> None:
+    out = io.StringIO()
+    call_command("dkim_records", stdout=out)
+    printed = dict(re.findall(r'^(\S+)\. TXT "([^"]+)"', out.getvalue(), flags=re.MULTILINE))
+    assert sorted(printed) == ["ed2026._domainkey.example.com", "rsa2026._domainkey.example.com"]
+    assert printed["ed2026._domainkey.example.com"].startswith("v=DKIM1; k=ed25519; p=")
+    records = {f"{name}.".encode(): text.encode() for name, text in printed.items()}
+    received = send_and_receive(smtp, email())
+    assert verify_each(received, lambda name, timeout=5: records.get(name, b"")) == [True, True]
+
+
+def test_dkim_records_command_names_the_setting_when_nothing_is_configured(settings) -> None:  # noqa: ANN001
+    settings.EMAILHUB_DKIM_KEYS = ""
+    with pytest.raises(CommandError, match="EMAILHUB_DKIM_KEYS is empty"):
+        call_command("dkim_records")
