@@ -17,12 +17,15 @@ What it measures, per provider:
 - CPU the web process group spent per event.
 SNS sends one notification per request, as SNS does. `--sns-recipients` recipients per
 notification (default 1: a Delivery or Bounce usually names one; SES batches up to 50).
+SendGrid posts batches: `--sendgrid-requests` signed batches of `--sendgrid-batch` (1,000) events
+(ECDSA P-256 key made by the bench, passed to gunicorn as EMAILHUB_SENDGRID_WEBHOOK_PUBLIC_KEY).
 The last lines are `webhooks_<provider>_<metric>: value unit`.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import itertools
 import json
 import math
@@ -40,6 +43,8 @@ sys.path.insert(0, str(ROOT))
 
 import redis  # noqa: E402
 import requests  # noqa: E402
+from cryptography.hazmat.primitives import hashes, serialization  # noqa: E402
+from cryptography.hazmat.primitives.asymmetric import ec  # noqa: E402
 from django.db import connection  # noqa: E402
 
 from bench.common import prepare  # noqa: E402
@@ -203,10 +208,73 @@ def sns_run(args: argparse.Namespace, base_env: dict[str, str]) -> dict[str, Any
     return result
 
 
+# --- SendGrid Event Webhook -------------------------------------------------------------------
+
+
+def sendgrid_run(args: argparse.Namespace, base_env: dict[str, str]) -> dict[str, Any]:
+    """Signed batches of `--sendgrid-batch` events (SendGrid posts up to about a thousand per
+    request): per 100 events 90 delivered, 8 opens, 1 bounce and 1 spam report, so the batch also
+    pays for suppressions and campaign-less feedback, each event naming its message by the
+    `emailhub_id` custom arg as SendGrid echoes it."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    der = key.public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    per = args.sendgrid_batch
+    mix = ["delivered"] * 90 + ["open"] * 8 + ["bounce", "spamreport"]
+
+    def bodies(
+        message_ids: list[int], count: int, tag: str
+    ) -> tuple[list[tuple[bytes, dict[str, str]]], int]:
+        out = []
+        timestamp = str(int(time.time()))
+        for i in range(count):
+            events = []
+            for k in range(per):
+                n = i * per + k
+                message_id = message_ids[n % len(message_ids)]
+                kind = mix[n % len(mix)]
+                event: dict[str, Any] = {
+                    "email": f"user{message_id}@example.com",
+                    "timestamp": int(timestamp),
+                    "event": kind,
+                    "sg_event_id": f"{tag}-{n}",
+                    "sg_message_id": f"bench{message_id}.filter0001.{n}.0",
+                    "smtp-id": f"<bench{message_id}@ismtpd-1>",
+                    "emailhub_id": str(message_id),
+                }
+                if kind == "bounce":
+                    event.update(type="bounce", status="5.1.1", reason="550 5.1.1 user unknown")
+                elif kind == "delivered":
+                    event["response"] = "250 2.0.0 OK"
+                elif kind == "open":
+                    event.update(useragent="Mozilla/5.0", ip="192.0.2.1", sg_machine_open=False)
+                events.append(event)
+            body = json.dumps(events).encode()
+            signature = base64.b64encode(key.sign(timestamp.encode() + body, ec.ECDSA(hashes.SHA256())))
+            headers = {
+                "Content-Type": "application/json",
+                "X-Twilio-Email-Event-Webhook-Signature": signature.decode("ascii"),
+                "X-Twilio-Email-Event-Webhook-Timestamp": timestamp,
+            }
+            out.append((body, headers))
+        return out, count * per
+
+    env = {**base_env, "EMAILHUB_SENDGRID_WEBHOOK_PUBLIC_KEY": base64.b64encode(der).decode("ascii")}
+    return measure(
+        args,
+        env,
+        "/api/v1/webhooks/sendgrid",
+        lambda ids: bodies(ids, args.sendgrid_requests, "run"),
+        lambda ids: bodies(ids, 2, "warm"),
+    )
+
+
 # --- registry of provider runs: one function each ---------------------------------------------
 
 PROVIDERS: dict[str, Callable[[argparse.Namespace, dict[str, str]], dict[str, Any]]] = {
     "sns": sns_run,
+    "sendgrid": sendgrid_run,
 }
 
 METRICS = [
@@ -230,6 +298,8 @@ def main() -> int:
         default="header",
         help="name the message by the X-Emailhub-Message header or only by SES's messageId",
     )
+    parser.add_argument("--sendgrid-requests", type=int, default=50, help="measured SendGrid batches")
+    parser.add_argument("--sendgrid-batch", type=int, default=1000, help="events per SendGrid batch")
     parser.add_argument("--concurrency", type=int, default=4, help="client threads, a Session each")
     parser.add_argument("--web-workers", type=int, default=2)
     args = parser.parse_args()
