@@ -8,7 +8,7 @@ import io
 import itertools
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import dkim
@@ -17,11 +17,15 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from django.core.management import CommandError, call_command
 
+from campaigns.models import Campaign, Contact
 from delivery.exceptions import ProviderConfigurationError
+from delivery.models import Message, MessageStatus
 from delivery.providers import check_provider_settings, close_all, get_provider
 from delivery.providers.base import Outcome, OutgoingEmail
 from delivery.providers.dkim import DkimSigner, canonicalize_body, canonicalize_header
+from delivery.services.sending import send_messages
 from delivery.testing.smtp_server import SMTPTestServer
+from tests.campaign_data import make_audience, make_campaign
 
 UNSUBSCRIBE = {
     "List-Unsubscribe": "<https://mail.example.com/u/abc123>, <mailto:unsubscribe@example.com>",
@@ -52,7 +56,7 @@ def key_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture
-def dkim_setting(key_files: dict[str, Path], settings) -> str:  # noqa: ANN001
+def dkim_setting(key_files: dict[str, Path], settings) -> Iterator[str]:  # noqa: ANN001
     value = json.dumps(
         {
             "example.com": [
@@ -309,3 +313,37 @@ def test_dkim_records_command_names_the_setting_when_nothing_is_configured(setti
     settings.EMAILHUB_DKIM_KEYS = ""
     with pytest.raises(CommandError, match="EMAILHUB_DKIM_KEYS is empty"):
         call_command("dkim_records")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_campaign_message_from_the_send_path_is_signed_over_its_one_click_headers(
+    smtp: SMTPTestServer,
+    dkim_setting: str,
+    settings,  # noqa: ANN001
+) -> None:
+    """The real path: a queued campaign message claimed, rendered with campaigns' List-Unsubscribe
+    headers and footer, signed by the SMTP provider, received by the SMTP server."""
+    settings.EMAILHUB_PUBLIC_URL = "https://mail.example.com"
+    settings.EMAILHUB_UNSUBSCRIBE_MAILTO = "unsubscribe@mail.example.com"
+    campaign = make_campaign(make_audience(1))
+    Campaign.objects.filter(pk=campaign.pk).update(
+        status="sending", fanout_done=True, total_count=1, from_email="News <news@example.com>"
+    )
+    contact = Contact.objects.get(listmembership__contact_list=campaign.contact_list)
+    message = Message.objects.create(
+        campaign=campaign,
+        contact=contact,
+        template=campaign.template,
+        to_email=contact.email,
+        priority="normal",
+        status=MessageStatus.QUEUED,
+    )
+    assert send_messages([message.pk]).sent == 1
+    received = smtp.wait_for(1)[0].data
+    assert b"List-Unsubscribe-Post: List-Unsubscribe=One-Click" in received
+    tags = signatures(received)
+    assert [t["d"] for t in tags] == ["example.com", "example.com"]
+    for t in tags:
+        names = t["h"].split(":")
+        assert names.count("list-unsubscribe") == 2 and names.count("list-unsubscribe-post") == 2
+    assert verify_each(received, fake_dns(dkim_setting)) == [True, True]
