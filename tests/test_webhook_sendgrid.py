@@ -365,10 +365,16 @@ def test_an_authentic_body_that_is_not_an_event_array_is_a_400(webhook_key: Any)
 
 
 @pytest.mark.django_db
-def test_without_a_configured_key_every_request_is_refused(
-    settings: Any, key: ec.EllipticCurvePrivateKey
-) -> None:  # noqa: ANN401
-    settings.EMAILHUB_SENDGRID_WEBHOOK_PUBLIC_KEY = ""
+@pytest.mark.parametrize(
+    ("setting", "reason"), [("", "is not set"), ("bm90IGEga2V5", "is not a base64 DER public key")]
+)
+def test_without_a_usable_key_every_request_is_refused_naming_the_setting(
+    settings: Any,  # noqa: ANN401
+    key: ec.EllipticCurvePrivateKey,
+    setting: str,
+    reason: str,
+) -> None:
+    settings.EMAILHUB_SENDGRID_WEBHOOK_PUBLIC_KEY = setting
     forget_webhooks()
     body = json.dumps([event("bounce", None, 1)]).encode()
     timestamp = str(int(time.time()))
@@ -379,6 +385,7 @@ def test_without_a_configured_key_every_request_is_refused(
     # Our configuration, not the sender's fault: SendGrid retries a 5xx, so nothing is lost.
     assert response.status_code == 503
     assert "EMAILHUB_SENDGRID_WEBHOOK_PUBLIC_KEY" in response.json()["error"]["message"]
+    assert reason in response.json()["error"]["message"]
     assert EmailEvent.objects.count() == 0
 
 

@@ -23,6 +23,7 @@ import binascii
 import functools
 import hashlib
 import json
+import logging
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -44,6 +45,8 @@ from delivery.webhooks.base import (
     WebhookUnavailable,
     answer,
 )
+
+logger = logging.getLogger(__name__)
 
 SIGNATURE_HEADER = "X-Twilio-Email-Event-Webhook-Signature"
 TIMESTAMP_HEADER = "X-Twilio-Email-Event-Webhook-Timestamp"
@@ -178,8 +181,18 @@ class SendGridWebhook(Webhook):
     def __init__(
         self, *, public_key: str, tolerance: float = 300.0, clock: Callable[[], float] = time.time
     ) -> None:
-        # An empty key leaves the webhook closed (every request refused), never open.
-        self.public_key = load_public_key(public_key) if public_key else None
+        # An empty or unusable key leaves the webhook closed (every request refused with the
+        # reason), never open, and never a 500.
+        self.public_key: ec.EllipticCurvePublicKey | None = None
+        self.unavailable = (
+            "EMAILHUB_SENDGRID_WEBHOOK_PUBLIC_KEY is not set; unsigned SendGrid events are not accepted"
+        )
+        if public_key:
+            try:
+                self.public_key = load_public_key(public_key)
+            except ImproperlyConfigured as exc:
+                logger.error("the SendGrid webhook refuses every request: %s", exc)
+                self.unavailable = str(exc)
         self.tolerance = tolerance
         self.clock = clock
 
@@ -194,9 +207,7 @@ class SendGridWebhook(Webhook):
         if self.public_key is None:
             # Our configuration, not the sender's fault: 503, so SendGrid keeps the batch and
             # retries it (for up to 24 hours) once the key is set.
-            raise WebhookUnavailable(
-                "EMAILHUB_SENDGRID_WEBHOOK_PUBLIC_KEY is not set; unsigned SendGrid events are not accepted"
-            )
+            raise WebhookUnavailable(self.unavailable)
         verify_signature(
             body=request.body,
             signature=request.headers.get(SIGNATURE_HEADER),
