@@ -347,3 +347,19 @@ def test_a_campaign_message_from_the_send_path_is_signed_over_its_one_click_head
         names = t["h"].split(":")
         assert names.count("list-unsubscribe") == 2 and names.count("list-unsubscribe-post") == 2
     assert verify_each(received, fake_dns(dkim_setting)) == [True, True]
+
+
+def test_header_canonicalization_shortcuts_agree_with_the_plain_rfc_rules() -> None:
+    def literal(line: bytes) -> bytes:
+        name, _, value = line.partition(b":")
+        value = re.sub(rb"[ \t]+", b" ", re.sub(rb"\r\n(?=[ \t])", b"", value)).strip(b" ")
+        return name.rstrip(b" \t").lower() + b":" + value + b"\r\n"
+
+    # Folds are CRLF + WSP; every value of up to 6 of these symbols, after names with and
+    # without WSP before the colon.
+    alphabet = [b" ", b"\t", b"x", b"\r\n ", b"\r\n\t"]
+    for length in range(7):
+        for symbols in itertools.product(alphabet, repeat=length):
+            for name in (b"Subject", b"SUBJECT \t"):
+                line = name + b":" + b"".join(symbols)
+                assert canonicalize_header(line) == literal(line), line
