@@ -196,10 +196,18 @@ SENDGRID_API_KEY = env_str("SENDGRID_API_KEY", "")
 EMAILHUB_DKIM_KEYS = env_str("EMAILHUB_DKIM_KEYS", "")
 SENDGRID_HOST = env_str("SENDGRID_HOST", "https://api.sendgrid.com")
 SENDGRID_TIMEOUT = env_float("SENDGRID_TIMEOUT", 10.0, minimum=0.1)
+# The Signed Event Webhook's verification key, base64 DER as SendGrid's Mail Settings show it
+# (empty: every SendGrid webhook request is refused), and how far the signed timestamp may be
+# from our clock, either side, before a request is refused as a replay.
+EMAILHUB_SENDGRID_WEBHOOK_PUBLIC_KEY = env_str("EMAILHUB_SENDGRID_WEBHOOK_PUBLIC_KEY", "")
+EMAILHUB_SENDGRID_WEBHOOK_TOLERANCE_SECONDS = env_int("EMAILHUB_SENDGRID_WEBHOOK_TOLERANCE_SECONDS", 300, minimum=1)
 
 # Provider webhooks (delivery/webhooks/), served at POST /api/v1/webhooks/{name}; adding one is
 # one module plus its path here. See docs/delivery.md, "Webhooks".
-EMAILHUB_WEBHOOK_CLASSES = env_list("EMAILHUB_WEBHOOK_CLASSES", ["delivery.webhooks.ses.SESWebhook"])
+EMAILHUB_WEBHOOK_CLASSES = env_list(
+    "EMAILHUB_WEBHOOK_CLASSES",
+    ["delivery.webhooks.ses.SESWebhook", "delivery.webhooks.sendgrid.SendGridWebhook"],
+)
 # An SNS message is at most 256 KiB; a SendGrid batch of 1,000 events is about 1 MiB.
 EMAILHUB_WEBHOOK_MAX_BODY_BYTES = env_int("EMAILHUB_WEBHOOK_MAX_BODY_BYTES", 4 * 1024 * 1024, minimum=1024)
 # SNS topics whose notifications are accepted (full ARNs); empty refuses every SNS request.
