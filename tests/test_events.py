@@ -487,3 +487,38 @@ def test_the_admin_shows_events_on_the_message_and_contact_pages_and_rates_per_c
 
     providers_page = admin_client.get(reverse("admin-provider-health")).content.decode()
     assert "<td>2</td><td>1</td><td>50.00%</td>" in providers_page  # ses: 2 sent (in the window), 1 bounced
+
+
+# --- which suppression reason wins ---------------------------------------------------------------
+
+
+def test_a_bounce_replaces_an_unsubscribe_in_one_batch_and_later_but_never_the_reverse() -> None:
+    ann, bob, cy = (sent(f"{n}@example.com") for n in ("ann", "bob", "cy"))
+    # One batch: ann unsubscribes, then hard-bounces; bob hard-bounces, then unsubscribes.
+    record_events(
+        [
+            event("w-1", "unsubscribed", ann, recipient="ann@example.com"),
+            event("w-2", "bounced", ann, recipient="ann@example.com", bounce="permanent"),
+            event("w-3", "bounced", bob, recipient="bob@example.com", bounce="permanent"),
+            event("w-4", "unsubscribed", bob, recipient="bob@example.com"),
+            event("w-5", "unsubscribed", cy, recipient="cy@example.com"),
+        ]
+    )
+    assert suppressions() == {
+        "ann@example.com": "bounced",
+        "bob@example.com": "bounced",
+        "cy@example.com": "unsubscribed",
+    }
+    # Later requests: cy complains (replaces the unsubscribe, which let transactional mail through);
+    # bob unsubscribes again (a bounce is never weakened).
+    record_events(
+        [
+            event("w-6", "complained", cy, recipient="cy@example.com"),
+            event("w-7", "unsubscribed", bob, recipient="bob@example.com"),
+        ]
+    )
+    assert suppressions() == {
+        "ann@example.com": "bounced",
+        "bob@example.com": "bounced",
+        "cy@example.com": "complained",
+    }

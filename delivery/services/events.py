@@ -41,7 +41,7 @@ from django.db import connection, transaction
 
 from campaigns.models import Suppression
 from campaigns.progress import move_feedback_counters
-from campaigns.suppressions import suppress
+from campaigns.suppressions import stronger, suppress
 from delivery.models import EmailEvent
 
 Kind = EmailEvent.Kind
@@ -216,7 +216,9 @@ def record_events(events: Sequence[ProviderEvent]) -> RecordedEvents:
         cursor.execute(_INSERT_SQL, _columns(batch))
         inserted = cursor.fetchall()
 
-        to_suppress: dict[str, tuple[str, str]] = {}  # address → (reason, detail); first wins
+        to_suppress: dict[
+            str, tuple[str, str]
+        ] = {}  # address → (reason, detail): the strongest, else the first
         counted: dict[tuple[int, str], int] = {}  # (message, category) → campaign
         new_ids = []
         for event_id, message_id, campaign_id, kind, recipient, bounce, detail in inserted:
@@ -225,7 +227,10 @@ def record_events(events: Sequence[ProviderEvent]) -> RecordedEvents:
             if category is None:
                 continue
             if recipient:
-                to_suppress.setdefault(recipient, (category, detail))
+                # One batch may bounce and unsubscribe the same address: the bounce wins.
+                earlier = to_suppress.get(recipient)
+                if earlier is None or stronger(earlier[0], category) != earlier[0]:
+                    to_suppress[recipient] = (category, detail)
             if message_id is not None and campaign_id is not None:
                 counted[(message_id, category)] = campaign_id
 
