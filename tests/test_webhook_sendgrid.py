@@ -357,7 +357,8 @@ def test_a_stale_request_is_refused_at_the_webhook_and_a_fresh_one_recorded(
 
 @pytest.mark.django_db
 def test_an_authentic_body_that_is_not_an_event_array_is_a_400(webhook_key: Any) -> None:  # noqa: ANN401
-    for body in (b'{"event": "bounce"}', b"[1, 2]", b"not json", b'[{"event": NaN}]'):
+    nul = json.dumps([event("bounce", None, 1, reason="550 bad\u0000mailbox")]).encode()
+    for body in (b'{"event": "bounce"}', b"[1, 2]", b"not json", b'[{"event": NaN}]', nul):
         timestamp = str(int(time.time()))
         response = post(body, signature=sign(webhook_key, body, timestamp), timestamp=timestamp)
         assert response.status_code == 400, (body, response.content)

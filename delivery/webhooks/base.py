@@ -22,8 +22,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from django.core.exceptions import ValidationError
 from rest_framework import exceptions, status
 
+from core.validators import validate_storable_json
 from delivery.services.events import InvalidEvent, ProviderEvent, RecordedEvents, record_events
 
 
@@ -83,6 +85,12 @@ class WebhookRequest:
                 self._json = json.loads(self.body.decode("utf-8"), parse_constant=_no_constants)
             except (UnicodeDecodeError, ValueError) as exc:
                 raise InvalidWebhook(f"the body is not JSON: {exc}") from exc
+            try:
+                # A NUL or lone surrogate would reach a jsonb column (the event payload) and fail
+                # the whole batch's INSERT there, as a 500.
+                validate_storable_json(self._json)
+            except ValidationError as exc:
+                raise InvalidWebhook(f"the body cannot be stored: {'; '.join(exc.messages)}") from exc
             self._decoded = True
         return self._json
 
