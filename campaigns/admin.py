@@ -18,6 +18,8 @@ from campaigns.models import (
     Campaign,
     Contact,
     ContactList,
+    EngagementPopulation,
+    EngagementProfile,
     ImportChunk,
     ImportIssue,
     ImportJob,
@@ -212,7 +214,9 @@ class ArchivedFilter(admin.SimpleListFilter):
 
 
 # What the admin may edit of a draft (besides its name).
-DRAFT_CONTENT = ("template", "contact_list", "from_email", "priority", "window_hours")
+DRAFT_CONTENT = (
+    "template", "contact_list", "from_email", "priority", "window_hours", "track_opens", "track_clicks",
+)  # fmt: skip
 
 
 @admin.register(Campaign)
@@ -322,9 +326,9 @@ def _rate(part: int, whole: int) -> str:
     return f"{100 * part / whole:.2f}% ({part})" if whole else "—"
 
 
-class ImportReadOnlyAdmin(admin.ModelAdmin):
-    """Import jobs are written only by the import task (progress, counters, resume point): shown,
-    never saved, so a form opened mid-import cannot write stale counters back."""
+class WorkerWrittenAdmin(admin.ModelAdmin):
+    """Tables only a task writes (import jobs: progress, counters, resume point; engagement
+    profiles): shown, never saved, so a form opened mid-run cannot write stale values back."""
 
     def has_add_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False
@@ -334,7 +338,7 @@ class ImportReadOnlyAdmin(admin.ModelAdmin):
 
 
 @admin.register(ImportJob)
-class ImportJobAdmin(ImportReadOnlyAdmin):
+class ImportJobAdmin(WorkerWrittenAdmin):
     list_display = (
         "id", "filename", "contact_list", "status", "rows_read", "rows_created", "rows_updated",
         "rows_duplicate", "rows_rejected", "created_at",
@@ -344,7 +348,7 @@ class ImportJobAdmin(ImportReadOnlyAdmin):
 
 
 @admin.register(ImportIssue)
-class ImportIssueAdmin(ImportReadOnlyAdmin):
+class ImportIssueAdmin(WorkerWrittenAdmin):
     list_display = ("job", "kind", "line", "reason", "excerpt")
     list_filter = ("kind",)
     list_select_related = ("job",)
@@ -352,9 +356,23 @@ class ImportIssueAdmin(ImportReadOnlyAdmin):
 
 
 @admin.register(ImportChunk)
-class ImportChunkAdmin(ImportReadOnlyAdmin):
+class ImportChunkAdmin(WorkerWrittenAdmin):
     """The stored upload, in 1 MiB chunks; the bytes themselves are not shown."""
 
     list_display = ("job", "seq")
     fields = ("job", "seq")
     list_select_related = ("job",)
+
+
+@admin.register(EngagementProfile)
+class EngagementProfileAdmin(WorkerWrittenAdmin):
+    """Written only by the engagement refresh (set-based, from human opens and clicks)."""
+
+    list_display = ("contact", "best_hour", "decayed_at")
+    list_select_related = ("contact",)
+    search_fields = ("contact__email",)
+
+
+@admin.register(EngagementPopulation)
+class EngagementPopulationAdmin(WorkerWrittenAdmin):
+    list_display = ("id", "decayed_at", "last_event_id")

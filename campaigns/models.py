@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.contrib.postgres.fields import ArrayField
 from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models.functions import Now
@@ -170,6 +171,14 @@ class Campaign(models.Model):
     )
     # `optimized`: send at each contact's best hour within this many hours of the start.
     window_hours = models.PositiveSmallIntegerField(default=24)
+    # `optimized`: the window starts here (UTC); a random `holdout_percent` of the audience,
+    # chosen by a hash of (campaign, contact), is sent at the window's start instead, so the
+    # lift of the optimized send can be measured.
+    window_start = models.DateTimeField(null=True, blank=True)
+    holdout_percent = models.PositiveSmallIntegerField(default=0)
+    # Open and click tracking (opt-in): an open pixel, links rewritten to the click redirect.
+    track_opens = models.BooleanField(default=False)
+    track_clicks = models.BooleanField(default=False)
 
     # Fan-out progress: the last contact id written, so a killed fan-out resumes where it was.
     fanout_cursor = models.BigIntegerField(default=0)
@@ -315,3 +324,30 @@ class ImportIssue(models.Model):
 
     def __str__(self) -> str:
         return f"line {self.line}: {self.reason}"
+
+
+class EngagementProfile(models.Model):
+    """A contact's human opens and clicks by hour of the contact's local day (24 bins),
+    exponentially decayed, updated incrementally by a beat task from new engagement events."""
+
+    contact = models.OneToOneField(Contact, on_delete=models.CASCADE, primary_key=True)
+    # Decayed weights per local hour 0..23, as of `decayed_at`.
+    histogram = ArrayField(models.FloatField(), size=24)
+    decayed_at = models.DateTimeField()
+    # The hour (0..23, local) the estimator chose at the last refresh, with the population then.
+    best_hour = models.PositiveSmallIntegerField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"engagement of contact {self.contact_id}"
+
+
+class EngagementPopulation(models.Model):
+    """One row: the population's decayed histogram (the prior) and the refresh watermark."""
+
+    histogram = ArrayField(models.FloatField(), size=24)
+    decayed_at = models.DateTimeField()
+    # The last EmailEvent id folded into the profiles: the next refresh starts after it.
+    last_event_id = models.BigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return "engagement population"

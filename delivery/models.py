@@ -119,6 +119,9 @@ class Message(models.Model):
     queued_at = models.DateTimeField(null=True, blank=True)
     claimed_at = models.DateTimeField(null=True, blank=True)
     sent_at = models.DateTimeField(null=True, blank=True)
+    # The first human open and click (tracking pixel, click redirect or provider events), set once.
+    first_opened_at = models.DateTimeField(null=True, blank=True)
+    first_clicked_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-id"]
@@ -184,6 +187,14 @@ class EmailEvent(models.Model):
         CLICKED = "clicked"
         UNSUBSCRIBED = "unsubscribed"
 
+    class Classification(models.TextChoices):
+        NONE = ""
+        HUMAN = "human"
+        MACHINE = "machine"  # Apple Mail Privacy Protection, SendGrid sg_machine_open
+        PROXY = "proxy"  # Gmail's image proxy and similar: fetched on the reader's behalf
+        BOT = "bot"  # a known crawler / link checker user agent
+        SCANNER = "scanner"  # a security scanner: clicks right after delivery, several links at once
+
     class Bounce(models.TextChoices):
         NONE = ""
         PERMANENT = "permanent"  # hard: the address does not exist / is blocked; suppressed
@@ -200,6 +211,8 @@ class EmailEvent(models.Model):
     # The address the event is about (lower-cased), kept even when no message matched.
     recipient = models.CharField(max_length=254, blank=True, default="")
     bounce = models.CharField(max_length=10, choices=Bounce.choices, blank=True, default="")
+    # Opens and clicks: who made the hit. Only `human` feeds rates and send-time optimization.
+    classification = models.CharField(max_length=8, choices=Classification.choices, blank=True, default="")
     detail = models.TextField(blank=True, default="")  # bounce subtype, diagnostic, complaint type
     occurred_at = models.DateTimeField()
     payload = models.JSONField(default=dict, blank=True)
