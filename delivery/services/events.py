@@ -139,12 +139,14 @@ WITH incoming AS (
 ), inserted AS (
     INSERT INTO delivery_emailevent
            (message_id, kind, provider, provider_event_id, recipient, bounce, detail,
-            occurred_at, payload, created_at)
+            occurred_at, payload, created_at, classification)
     SELECT r.resolved_id, r.kind, r.provider, r.event_id,
            COALESCE(NULLIF(r.recipient, ''),
                     (SELECT lower(m.to_email) FROM delivery_message AS m WHERE m.id = r.resolved_id),
                     ''),
-           r.bounce, r.detail, r.occurred_at, r.payload, now()
+           r.bounce, r.detail, r.occurred_at, r.payload, now(),
+           -- NOT NULL with no database default (Django's AddField drops it): a raw INSERT names it.
+           ''
       FROM resolved AS r
      ORDER BY r.n
     ON CONFLICT (provider, provider_event_id) WHERE provider_event_id IS NOT NULL DO NOTHING
