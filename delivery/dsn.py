@@ -238,7 +238,8 @@ def _address(value: str) -> str:
 
 def _our_id(value: str) -> int | None:
     value = value.strip()
-    return int(value) if value.isdigit() and len(value) < 19 else None
+    # isascii: "²".isdigit() is true and int("²") raises (a header anyone can write).
+    return int(value) if value.isascii() and value.isdigit() and len(value) < 19 else None
 
 
 def _bare_message_id(value: str) -> str | None:

@@ -67,6 +67,47 @@ def _no_constants(value: str) -> Any:
     raise ValueError(f"{value} is not valid JSON for a webhook")
 
 
+# Provider events nest a few levels (SES: Message → bounce → bouncedRecipients → entry); far
+# below Python's recursion limit, which json.dumps of a stored payload must stay under.
+MAX_JSON_DEPTH = 64
+
+
+def _depth(value: Any) -> int:
+    deepest, pending = 0, [(value, 1)]
+    while pending:  # no recursion, like validate_storable_json
+        item, depth = pending.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth)
+            if depth <= MAX_JSON_DEPTH:
+                pending.extend(
+                    (child, depth + 1) for child in (item.values() if isinstance(item, dict) else item)
+                )
+    return deepest
+
+
+def decode_json(text: str | bytes, what: str = "the body") -> Any:
+    """`text` as JSON we can store: strict UTF-8, no NaN/Infinity (jsonb refuses them), no NUL or
+    lone surrogate anywhere (they fail the batch's jsonb INSERT), and not nested so deep that
+    the decoder recurses out of stack. Anything else is an InvalidWebhook (400), never a 500.
+    For the body and for JSON a provider nests inside it as a string (SNS's Message)."""
+    try:
+        value = json.loads(
+            text.decode("utf-8") if isinstance(text, bytes) else text, parse_constant=_no_constants
+        )
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise InvalidWebhook(f"{what} is not JSON: {exc}") from exc
+    except RecursionError as exc:  # `[[[[…` a thousand deep: the C decoder's stack limit
+        raise InvalidWebhook(f"{what} is JSON nested too deeply") from exc
+    if _depth(value) > MAX_JSON_DEPTH:
+        # Decodable, but json.dumps of the payload, deeper in the stack, would hit the limit.
+        raise InvalidWebhook(f"{what} is JSON nested deeper than {MAX_JSON_DEPTH} levels")
+    try:
+        validate_storable_json(value)
+    except ValidationError as exc:
+        raise InvalidWebhook(f"{what} cannot be stored: {'; '.join(exc.messages)}") from exc
+    return value
+
+
 @dataclass
 class WebhookRequest:
     """What a webhook may look at: the raw body and the headers (case-insensitive)."""
@@ -81,16 +122,7 @@ class WebhookRequest:
         Verifiers whose signature lives inside the JSON (SNS) read it from here too; nothing
         acts on it before `verify` has passed."""
         if not self._decoded:
-            try:
-                self._json = json.loads(self.body.decode("utf-8"), parse_constant=_no_constants)
-            except (UnicodeDecodeError, ValueError) as exc:
-                raise InvalidWebhook(f"the body is not JSON: {exc}") from exc
-            try:
-                # A NUL or lone surrogate would reach a jsonb column (the event payload) and fail
-                # the whole batch's INSERT there, as a 500.
-                validate_storable_json(self._json)
-            except ValidationError as exc:
-                raise InvalidWebhook(f"the body cannot be stored: {'; '.join(exc.messages)}") from exc
+            self._json = decode_json(self.body)
             self._decoded = True
         return self._json
 

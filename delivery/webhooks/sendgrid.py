@@ -117,7 +117,8 @@ def verify_signature(
     if not signature or not timestamp:
         raise ForgedWebhook(f"the {SIGNATURE_HEADER} and {TIMESTAMP_HEADER} headers are required")
     stamp = timestamp.strip()
-    if not stamp.isdigit() or len(stamp) > 12:
+    # isascii: the header is attacker-controlled and "²".isdigit() is true, int("²") raises.
+    if not (stamp.isascii() and stamp.isdigit()) or len(stamp) > 12:
         raise ForgedWebhook(f"{TIMESTAMP_HEADER} is not a Unix time in seconds")
     if abs(now - int(stamp)) > tolerance:
         raise ForgedWebhook(
@@ -274,7 +275,7 @@ def _sha256(text: str) -> str:
 def _our_id(value: Any) -> int | None:
     """custom_args arrive as strings; anything not a plausible id of ours matches no message."""
     text = str(value).strip() if isinstance(value, str | int) and not isinstance(value, bool) else ""
-    return int(text) if text.isdigit() and len(text) < 19 else None
+    return int(text) if text.isascii() and text.isdigit() and len(text) < 19 else None
 
 
 def _occurred_at(value: Any, received_at: datetime) -> datetime:

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 import logging
 import re
 import threading
@@ -63,6 +62,7 @@ from delivery.webhooks.base import (
     WebhookRequest,
     WebhookUnavailable,
     answer,
+    decode_json,
 )
 
 logger = logging.getLogger(__name__)
@@ -231,19 +231,21 @@ def _time(value: Any, fallback: datetime) -> datetime:
     if isinstance(value, str):
         try:
             parsed = datetime.fromisoformat(value)
-        except ValueError:
+            if parsed.tzinfo is not None:
+                return parsed.astimezone(UTC)
+        except (ValueError, OverflowError):  # OverflowError: year 1 or 9999 moved into UTC
             return fallback
-        if parsed.tzinfo is not None:
-            return parsed.astimezone(UTC)
     return fallback
 
 
 def _header_message_id(mail: Mapping[str, Any]) -> int | None:
     """Our id from the X-Emailhub-Message header, when SES includes the original headers."""
-    for header in mail.get("headers") or ():
+    headers = mail.get("headers")
+    for header in headers if isinstance(headers, list) else ():
         if isinstance(header, dict) and str(header.get("name", "")).lower() == "x-emailhub-message":
             value = str(header.get("value", "")).strip()
-            return int(value) if value.isdigit() else None
+            # isascii: "²".isdigit() is true and int("²") raises.
+            return int(value) if value.isascii() and value.isdigit() else None
     return None
 
 
@@ -278,7 +280,8 @@ def ses_events(sns_message_id: str, event: Mapping[str, Any], received_at: datet
     message_id = _header_message_id(mail)
     provider_message_id = mail.get("messageId") if isinstance(mail.get("messageId"), str) else None
     mail_summary = {k: mail[k] for k in ("messageId", "timestamp", "source", "sourceArn") if k in mail}
-    destination = [d for d in mail.get("destination") or () if isinstance(d, str)]
+    addresses = mail.get("destination")
+    destination = [d for d in addresses if isinstance(d, str)] if isinstance(addresses, list) else []
 
     def make(
         kind: str,
@@ -388,10 +391,9 @@ class SESWebhook(Webhook):
         envelope = request.json()
         if envelope["Type"] != NOTIFICATION:
             return []
-        try:
-            event = json.loads(envelope["Message"])
-        except ValueError as exc:
-            raise InvalidWebhook("the SNS Message is not an SES event (JSON expected)") from exc
+        # As strict as the envelope: a NaN, a NUL or deep nesting inside Message would otherwise
+        # pass the signature check and fail at the jsonb INSERT (a 500, and SNS retrying it).
+        event = decode_json(envelope["Message"], "the SNS Message")
         if not isinstance(event, dict):
             raise InvalidWebhook("the SNS Message is not an SES event (a JSON object expected)")
         received_at = _time(envelope["Timestamp"], datetime.now(UTC))
