@@ -27,6 +27,7 @@ from campaigns.models import (
     Suppression,
     Template,
 )
+from campaigns.reporting import campaign_report
 from campaigns.services import compile_template, contact_context
 from core.templating import TemplateSyntaxError
 from core.validators import STORABLE_JSON_FORMFIELDS, SenderForm
@@ -149,6 +150,14 @@ def _apply(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySe
         try:
             if change == "schedule":
                 lifecycle.schedule(campaign.pk, Campaign.ScheduleType.IMMEDIATE)
+            elif change == "optimize":
+                # The draft's own window length and holdout (editable on its form); starts now.
+                lifecycle.schedule(
+                    campaign.pk,
+                    Campaign.ScheduleType.OPTIMIZED,
+                    window_hours=campaign.window_hours,
+                    holdout_percent=campaign.holdout_percent,
+                )
             else:
                 getattr(lifecycle, change)(campaign.pk)
             done += 1
@@ -161,6 +170,11 @@ def _apply(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySe
 @admin.action(description="Start now (draft campaigns)")
 def start_now(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
     _apply(modeladmin, request, queryset, "schedule")
+
+
+@admin.action(description="Send optimized: each recipient at their best hour in the next window_hours")
+def send_optimized(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
+    _apply(modeladmin, request, queryset, "optimize")
 
 
 @admin.action(description="Pause")
@@ -215,7 +229,8 @@ class ArchivedFilter(admin.SimpleListFilter):
 
 # What the admin may edit of a draft (besides its name).
 DRAFT_CONTENT = (
-    "template", "contact_list", "from_email", "priority", "window_hours", "track_opens", "track_clicks",
+    "template", "contact_list", "from_email", "priority", "window_hours", "holdout_percent", "track_opens",
+    "track_clicks",
 )  # fmt: skip
 
 
@@ -231,7 +246,7 @@ class CampaignAdmin(admin.ModelAdmin):
     messages (a 1M campaign's page would time out).
     """
 
-    actions = [start_now, pause, resume, cancel, archive]
+    actions = [start_now, send_optimized, pause, resume, cancel, archive]
     form = SenderForm  # from_email: exactly one mailbox, as the API requires
     list_display = (
         "name",
@@ -256,6 +271,7 @@ class CampaignAdmin(admin.ModelAdmin):
         "progress",
         "bounce_rate",
         "complaint_rate",
+        "engagement",
     )
 
     def get_readonly_fields(self, request: HttpRequest, obj: Campaign | None = None) -> tuple[str, ...]:
@@ -321,9 +337,57 @@ class CampaignAdmin(admin.ModelAdmin):
     def complaint_rate(self, campaign: Campaign) -> str:
         return _rate(campaign.complained_count, campaign.sent_count)
 
+    @admin.display(description="engagement")
+    def engagement(self, campaign: Campaign) -> str:
+        """The API's report (campaigns.reporting): human rates, other hits apart, the lift."""
+        if campaign.pk is None:
+            return "—"
+        report = campaign_report(campaign)
+        hits = ", ".join(
+            f"{cls} {report['open_hits'][cls]}/{report['click_hits'][cls]}" for cls in report["open_hits"]
+        )
+        html = format_html(
+            "<p>Sent {}, delivered {}. Human opens {} ({}), human clicks {} ({}).<br>"
+            "Hits (opens/clicks) by class: {}.<br>Bounced {}, complained {}, unsubscribed {}.</p>",
+            report["sent"], report["delivered"], report["opened"], _percent(report["open_rate"]),
+            report["clicked"], _percent(report["click_rate"]), hits,
+            report["bounced"], report["complained"], report["unsubscribed"],
+        )  # fmt: skip
+        lift = report["lift"]
+        if lift:
+            html += format_html(
+                "<p>Optimized: {} sent, open rate {}, click rate {}. Holdout ({}%): {} sent, open rate {},"
+                " click rate {}.<br>Open-rate lift {} (95% CI {}), ratio {} (95% CI {}); click-rate lift {}"
+                " (95% CI {}).<br><small>{}</small></p>",
+                lift["optimized"]["sent"], _percent(lift["optimized"]["open_rate"]),
+                _percent(lift["optimized"]["click_rate"]), lift["holdout_percent"], lift["holdout"]["sent"],
+                _percent(lift["holdout"]["open_rate"]), _percent(lift["holdout"]["click_rate"]),
+                _points(lift["open_rate"]["difference"]), _interval(lift["open_rate"]["difference_ci95"], _points),
+                _number(lift["open_rate"]["ratio"]), _interval(lift["open_rate"]["ratio_ci95"], _number),
+                _points(lift["click_rate"]["difference"]), _interval(lift["click_rate"]["difference_ci95"], _points),
+                lift["method"],
+            )  # fmt: skip
+        return html
+
 
 def _rate(part: int, whole: int) -> str:
     return f"{100 * part / whole:.2f}% ({part})" if whole else "—"
+
+
+def _percent(value: float | None) -> str:
+    return "—" if value is None else f"{100 * value:.2f}%"
+
+
+def _points(value: float | None) -> str:
+    return "—" if value is None else f"{100 * value:+.2f} points"
+
+
+def _number(value: float | None) -> str:
+    return "—" if value is None else f"{value:.3f}"
+
+
+def _interval(bounds: list[float] | None, show: Any) -> str:
+    return "—" if not bounds else f"{show(bounds[0])} to {show(bounds[1])}"
 
 
 class WorkerWrittenAdmin(admin.ModelAdmin):

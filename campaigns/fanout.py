@@ -29,7 +29,9 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from campaigns.models import Campaign
+from campaigns.optimized import window_plan
 from campaigns.progress import complete_if_finished
+from campaigns.selectors import WindowPlan
 from core.localtime import due_by_timezone
 from core.schedule_index import index_after_commit, slot_unit
 from delivery.services import send_events, transitions
@@ -65,6 +67,7 @@ def _fan_out(
     step_size = step_size or settings.EMAILHUB_FANOUT_STEP
     report = FanoutReport()
     zones: dict[str, datetime] | None = None
+    plan: WindowPlan | None = None
     while max_steps is None or report.steps < max_steps:
         with transaction.atomic():
             if not _try_lock(campaign_id):
@@ -80,7 +83,12 @@ def _fan_out(
             local = campaign.schedule_type == Campaign.ScheduleType.LOCAL_TIME
             if local and zones is None:
                 zones = local_dues(campaign)
-            last_member, members, ids = _step(campaign, step_size, zones if local else None)
+            optimized = campaign.schedule_type == Campaign.ScheduleType.OPTIMIZED
+            if optimized and plan is None:
+                plan = window_plan(campaign)
+            last_member, members, ids = _step(
+                campaign, step_size, zones if local else None, plan if optimized else None
+            )
             report.steps += 1
             if members == 0:
                 _finish(campaign)
@@ -89,6 +97,9 @@ def _fan_out(
             if local and ids and zones:
                 # Index the slots (a few dozen at most); re-adding an indexed one changes nothing.
                 index_after_commit([(slot_unit(campaign.pk, due), due) for due in set(zones.values())])
+            elif optimized and ids and plan:
+                # The same slot units: at most (24 hours × distinct UTC offsets) + 1 instants.
+                index_after_commit([(slot_unit(campaign.pk, due), due) for due in plan.dues()])
             elif ids:
                 send_events.record_sends(
                     ids,
@@ -141,7 +152,7 @@ def local_dues(campaign: Campaign) -> dict[str, datetime]:
 
 
 def _step(
-    campaign: Campaign, step_size: int, zones: dict[str, datetime] | None
+    campaign: Campaign, step_size: int, zones: dict[str, datetime] | None, plan: WindowPlan | None
 ) -> tuple[int, int, list[int]]:
     last_member, members, ids = transitions.materialise_step(
         campaign_id=campaign.pk,
@@ -151,6 +162,7 @@ def _step(
         template_id=campaign.template_id,
         priority=campaign.priority,
         zones=zones,
+        plan=plan,
     )
     return last_member or campaign.fanout_cursor, members, ids
 

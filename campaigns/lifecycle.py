@@ -27,12 +27,18 @@ from core.schedule_index import (
 from delivery.services import transitions
 
 Status = Campaign.Status
-# `optimized` (send-time optimization) is not built yet and is refused.
 SUPPORTED_SCHEDULES = {
     Campaign.ScheduleType.IMMEDIATE,
     Campaign.ScheduleType.AT,
     Campaign.ScheduleType.LOCAL_TIME,
+    Campaign.ScheduleType.OPTIMIZED,
 }
+# `optimized`: a window of one hour to a week (longer and a contact's habit, and the population
+# prior it was shrunk toward, are stale by the end), and a holdout of at most half the audience.
+WINDOW_HOURS = (1, 168)
+HOLDOUT_PERCENT = (0, 50)
+DEFAULT_WINDOW_HOURS = 24
+DEFAULT_HOLDOUT_PERCENT = 10
 
 
 # An `at` instant this far in the past still means "now": a client's clock or a slow request,
@@ -51,16 +57,20 @@ def check_schedule(
     local_date: date | None,
     local_time: time | None,
     *,
+    window_start: datetime | None = None,
+    window_hours: int | None = None,
+    holdout_percent: int | None = None,
     now: datetime | None = None,
 ) -> None:
     """The schedule rule (schedule() and the API's ScheduleSerializer both call it): refuse a
     type not built yet, a type without the inputs it needs, and a schedule whose moment is over:
     `at` before now minus PAST_SCHEDULE_GRACE, or a `local_time` whose wall time has passed in
     every timezone (past_time_policy is for the recipients for whom it has passed, not for a
-    date that is over everywhere)."""
+    date that is over everywhere), an `optimized` window that starts before now minus
+    PAST_SCHEDULE_GRACE or whose length or holdout is out of range."""
     if schedule_type not in SUPPORTED_SCHEDULES:
         raise InvalidSchedule(
-            {"type": f"{schedule_type!r} is not available yet; use immediate, at or local_time"}
+            {"type": f"{schedule_type!r} is not a schedule type; use immediate, at, local_time or optimized"}
         )
     if schedule_type == Campaign.ScheduleType.AT and scheduled_at is None:
         raise InvalidSchedule({"scheduled_at": "required for type 'at'"})
@@ -70,6 +80,8 @@ def check_schedule(
         if missing:
             raise InvalidSchedule(missing)
     now = now or timezone.now()
+    if schedule_type == Campaign.ScheduleType.OPTIMIZED:
+        _check_window(window_start, window_hours, holdout_percent, now)
     if schedule_type == Campaign.ScheduleType.AT and scheduled_at is not None:
         if scheduled_at < now - PAST_SCHEDULE_GRACE:
             raise InvalidSchedule(
@@ -94,6 +106,24 @@ def check_schedule(
             )
 
 
+def _check_window(
+    window_start: datetime | None, window_hours: int | None, holdout_percent: int | None, now: datetime
+) -> None:
+    errors = {}
+    if window_start is not None and window_start < now - PAST_SCHEDULE_GRACE:
+        errors["window_start"] = (
+            f"{window_start.isoformat()} is in the past; give a future instant, or leave it out for now"
+        )
+    for name, value, (low, high) in (
+        ("window_hours", window_hours, WINDOW_HOURS),
+        ("holdout_percent", holdout_percent, HOLDOUT_PERCENT),
+    ):
+        if value is not None and not low <= value <= high:
+            errors[name] = f"must be between {low} and {high}; got {value}"
+    if errors:
+        raise InvalidSchedule(errors)
+
+
 def _locked(campaign_id: int, *, stop_fan_out: bool = False) -> Campaign:
     if stop_fan_out:
         wait_for_step(campaign_id)  # the step in flight commits first; no new one starts
@@ -108,6 +138,9 @@ def schedule(
     local_date: date | None = None,
     local_time: time | None = None,
     past_time_policy: str | None = None,
+    window_start: datetime | None = None,
+    window_hours: int | None = None,
+    holdout_percent: int | None = None,
 ) -> Campaign:
     """Schedule a draft.
 
@@ -115,9 +148,19 @@ def schedule(
     past: now; earlier: InvalidSchedule, as for every check_schedule refusal); `local_time`
     fans out now into messages each due at `local_time` on `local_date` in its contact's
     timezone (core.localtime has the DST rules; `past_time_policy` says what happens to
-    recipients for whom that moment has passed).
+    recipients for whom that moment has passed); `optimized` fans out now into messages each
+    due at its contact's best hour inside [window_start (default now), + window_hours
+    (default 24)), `holdout_percent` (default 10) of them at window_start (campaigns.optimized).
     """
-    check_schedule(schedule_type, scheduled_at, local_date, local_time)
+    check_schedule(
+        schedule_type,
+        scheduled_at,
+        local_date,
+        local_time,
+        window_start=window_start,
+        window_hours=window_hours,
+        holdout_percent=holdout_percent,
+    )
     with transaction.atomic():
         campaign = _locked(campaign_id)
         if campaign.status != Status.DRAFT:
@@ -129,9 +172,16 @@ def schedule(
             campaign.local_date = local_date
             campaign.local_time = local_time.replace(microsecond=0)
             campaign.past_time_policy = past_time_policy or Campaign.PastTimePolicy.NEXT_DAY
-        if schedule_type in (Campaign.ScheduleType.IMMEDIATE, Campaign.ScheduleType.LOCAL_TIME) or (
-            scheduled_at and scheduled_at <= now
-        ):
+        if schedule_type == Campaign.ScheduleType.OPTIMIZED:
+            # Up to the grace in the past still means "now" (as for `at`).
+            campaign.window_start = max(window_start or now, now).replace(microsecond=0)
+            campaign.window_hours = window_hours or DEFAULT_WINDOW_HOURS
+            campaign.holdout_percent = DEFAULT_HOLDOUT_PERCENT if holdout_percent is None else holdout_percent
+        if schedule_type in (
+            Campaign.ScheduleType.IMMEDIATE,
+            Campaign.ScheduleType.LOCAL_TIME,
+            Campaign.ScheduleType.OPTIMIZED,
+        ) or (scheduled_at and scheduled_at <= now):
             campaign.status = Status.SENDING
             campaign.started_at = now
             fanout_events.record_fan_out(campaign.pk)

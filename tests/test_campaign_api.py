@@ -84,7 +84,7 @@ def test_schedule_at_a_future_instant_waits(api: APIClient, template: Template) 
         ({"type": "weekly"}, "type"),
         ({"type": "at"}, "scheduled_at"),
         ({"type": "local_time"}, "local_date"),
-        ({"type": "optimized"}, "type"),
+        ({"type": "optimized", "window_hours": 0}, "window_hours"),
     ],
 )
 def test_bad_schedule_is_a_400_and_changes_nothing(
