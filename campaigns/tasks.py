@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from campaigns import fanout, import_jobs, lifecycle
+from campaigns import engagement, fanout, import_jobs, lifecycle
 from campaigns.models import Campaign
 from campaigns.progress import complete_if_finished
 from delivery.services import transitions
@@ -32,3 +32,8 @@ def run_import(job_id: int) -> None:
 @shared_task(name="campaigns.resume_stalled_imports", ignore_result=True)
 def resume_stalled_imports() -> int:
     return import_jobs.resume_stalled_imports()
+
+
+@shared_task(name="campaigns.refresh_engagement", ignore_result=True)
+def refresh_engagement() -> int:
+    return engagement.refresh_profiles().last_event_id
