@@ -66,3 +66,10 @@ def audience_size(contact_list_id: int) -> int:
             [contact_list_id],
         )
         return int(cursor.fetchone()[0])
+
+
+# Message.context key that marks a transactional message sent with `unsubscribe: true`
+# (campaigns.unsubscribe.CONTEXT_FLAG). Defined here, below unsubscribe, so delivery's state
+# machine can compose it into SQL without importing unsubscribe (which records through
+# delivery's events service, which records first opens through the state machine).
+UNSUBSCRIBE_CONTEXT_FLAG = "emailhub:unsubscribe"

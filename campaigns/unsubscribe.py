@@ -43,6 +43,7 @@ from urllib.parse import quote
 
 from django.conf import settings
 
+from campaigns.selectors import UNSUBSCRIBE_CONTEXT_FLAG
 from core.templating import EmailTemplate
 from delivery.models import Message
 from delivery.services.events import ProviderEvent, record_events
@@ -52,7 +53,7 @@ URL_VARIABLE = "unsubscribe_url"
 # Message.context key that marks a transactional message sent with `unsubscribe: true` (the API
 # flag). A template path is letters, digits, _ and dots, so no template can read or collide
 # with it, and the claim can test it in SQL (`context ? 'emailhub:unsubscribe'`).
-CONTEXT_FLAG = "emailhub:unsubscribe"
+CONTEXT_FLAG = UNSUBSCRIBE_CONTEXT_FLAG
 
 ONE_CLICK = "List-Unsubscribe=One-Click"
 PROVIDER = "emailhub"

@@ -81,7 +81,7 @@ def _no_newlines(text: str) -> str:
 class CompiledTemplate:
     """One compiled text; ``render(context)`` is cheap and never raises for missing values."""
 
-    __slots__ = ("_parts", "_defaults", "_escape")
+    __slots__ = ("_parts", "_defaults", "_escape", "source")
 
     def __init__(
         self, source: str, *, defaults: Mapping[str, Any], escape: Callable[[str], str] | None
@@ -89,6 +89,12 @@ class CompiledTemplate:
         self._parts = _parse(source)
         self._defaults = defaults
         self._escape = escape
+        # Kept so a per-batch transformation (click tracking rewrites links) can recompile it.
+        self.source = source
+
+    @property
+    def defaults(self) -> Mapping[str, Any]:
+        return self._defaults
 
     def uses(self, name: str) -> bool:
         """Whether a placeholder reads the top-level variable `name` (`{{ name }}`, `{{ name.x }}`)."""

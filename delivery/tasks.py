@@ -10,7 +10,7 @@ from celery.signals import worker_init, worker_process_init, worker_process_shut
 from core import outbox
 from delivery.breakers import reset_process_state
 from delivery.providers import check_provider_settings, close_all
-from delivery.services import probes, sweeps
+from delivery.services import probes, sweeps, tracking
 from delivery.services.sending import send_messages as send_messages_service
 
 logger = logging.getLogger(__name__)
@@ -57,3 +57,8 @@ def _fresh_connections(**_: object) -> None:
 @worker_process_shutdown.connect
 def _close_connections(**_: object) -> None:
     close_all()
+
+
+@shared_task(name="delivery.drain_tracking_hits", ignore_result=True)
+def drain_tracking_hits() -> int:
+    return tracking.drain_hits().hits

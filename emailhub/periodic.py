@@ -17,6 +17,8 @@ PERIODIC_TASKS: dict[str, tuple[str, int, int, str]] = {
     "emailhub: resume stalled imports": ("campaigns.resume_stalled_imports", 15, 30, "system"),
     "emailhub: recurring schedules": ("scheduling.run_recurring", 5, 10, "system"),
     "emailhub: reconcile schedule": ("scheduling.reconcile", 30, 60, "system"),
+    # Open/click hits wait in Redis until this records them, one INSERT per batch.
+    "emailhub: record tracking hits": ("delivery.drain_tracking_hits", 1, 2, "system"),
 }
 
 

@@ -138,6 +138,13 @@ EMAILHUB_UNSUBSCRIBE_MAILTO = env_str("EMAILHUB_UNSUBSCRIBE_MAILTO", "")
 # How long an unsubscribe link works after it was sent. Gmail and Yahoo expect links to keep
 # working; never fewer than 30 days.
 EMAILHUB_UNSUBSCRIBE_TOKEN_DAYS = env_int("EMAILHUB_UNSUBSCRIBE_TOKEN_DAYS", 90, minimum=30)
+# Open and click tracking (delivery/tracking/, docs/delivery.md "Tracking"). Hits wait in this
+# Redis list until the beat task delivery.drain_tracking_hits records them, at most
+# EMAILHUB_TRACKING_DRAIN_BATCH per INSERT. A click sooner than EMAILHUB_TRACKING_SCANNER_SECONDS
+# after the message was sent is a link scanner's (security gateways fetch links on arrival).
+EMAILHUB_TRACKING_QUEUE = env_str("EMAILHUB_TRACKING_QUEUE", "emailhub:tracking:hits")
+EMAILHUB_TRACKING_DRAIN_BATCH = env_int("EMAILHUB_TRACKING_DRAIN_BATCH", 500, minimum=1)
+EMAILHUB_TRACKING_SCANNER_SECONDS = env_float("EMAILHUB_TRACKING_SCANNER_SECONDS", 10.0, minimum=0.0)
 # A worker process caches API key lookups this long; a revoked key stops working in every
 # process within this time (at once in the process that revoked it).
 EMAILHUB_API_KEY_CACHE_SECONDS = env_float("EMAILHUB_API_KEY_CACHE_SECONDS", 30.0, minimum=0.0)

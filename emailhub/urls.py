@@ -8,6 +8,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from campaigns.views import unsubscribe_view
 from delivery.admin import provider_health_view
+from delivery.tracking import views as tracking_views
 
 
 def healthz(request: HttpRequest) -> JsonResponse:
@@ -28,4 +29,7 @@ urlpatterns = [
     path("healthz", healthz, name="healthz"),
     # RFC 8058 one-click unsubscribe: top level, not under /api/ (no key, no JSON).
     path("u/<str:token>", unsubscribe_view, name="unsubscribe"),
+    # Open pixel and tracked links (delivery/tracking/): top level, no key, no database.
+    path("t/o/<str:token>", tracking_views.open_pixel, name="tracking-open"),
+    path("t/c/<str:token>", tracking_views.click, name="tracking-click"),
 ]

@@ -50,6 +50,7 @@ class CampaignSerializer(serializers.ModelSerializer):
         fields = [
             "id", "name", "template", "contact_list", "from_email", "priority", "status",
             "schedule_type", "scheduled_at", "local_date", "local_time", "past_time_policy", "progress", "created_at", "started_at", "completed_at",
+            "track_opens", "track_clicks",  # opt-ins (docs/delivery.md, "Tracking")
         ]  # fmt: skip
         read_only_fields = [
             "id",

@@ -12,6 +12,7 @@ from campaigns.models import Priority, Template
 from campaigns.unsubscribe import CONTEXT_FLAG
 from core.validators import no_crlf, validate_mailbox
 from delivery.models import EmailEvent, Message
+from delivery.tracking.links import CONTEXT_CLICKS, CONTEXT_OPENS
 
 
 class MessageCreateSerializer(serializers.Serializer):
@@ -30,6 +31,9 @@ class MessageCreateSerializer(serializers.Serializer):
     # RFC 8058 one-click unsubscribe headers and {{ unsubscribe_url }} on a transactional message
     # (a newsletter sent through the API); an unsubscribed address then no longer gets it.
     unsubscribe = serializers.BooleanField(required=False, default=False)
+    # Open pixel / tracked links (docs/delivery.md, "Tracking"); off unless asked for.
+    track_opens = serializers.BooleanField(required=False, default=False)
+    track_clicks = serializers.BooleanField(required=False, default=False)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -52,6 +56,9 @@ class MessageCreateSerializer(serializers.Serializer):
     def validate_context(self, value: dict[str, Any]) -> dict[str, Any]:
         if CONTEXT_FLAG in value:
             raise serializers.ValidationError(f"{CONTEXT_FLAG!r} is reserved; use the unsubscribe field")
+        for flag, field in ((CONTEXT_OPENS, "track_opens"), (CONTEXT_CLICKS, "track_clicks")):
+            if flag in value:
+                raise serializers.ValidationError(f"{flag!r} is reserved; use the {field} field")
         return value
 
     def validate_template(self, value: str) -> Template:

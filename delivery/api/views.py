@@ -68,6 +68,8 @@ class MessageListView(mixins.ListModelMixin, generics.GenericAPIView):
             context=data.get("context") or None,
             send_at=data.get("send_at"),
             unsubscribe=data["unsubscribe"],
+            track_opens=data["track_opens"],
+            track_clicks=data["track_clicks"],
         )
         try:
             message, created = accept_message(

@@ -37,12 +37,15 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
 from django.db import connection, transaction
 
 from campaigns.models import Suppression
 from campaigns.progress import move_feedback_counters
 from campaigns.suppressions import stronger, suppress
 from delivery.models import EmailEvent
+from delivery.services.transitions import record_first_engagement
+from delivery.tracking.classify import Hit, bursts, classify
 
 Kind = EmailEvent.Kind
 
@@ -78,6 +81,12 @@ class ProviderEvent:
     bounce: str = ""  # EmailEvent.Bounce: "permanent" | "transient" | ""
     detail: str = ""  # subtype / diagnostic / complaint type, human readable
     payload: dict[str, Any] = field(default_factory=dict)  # the provider's event (as received)
+    # Opens and clicks only: who made the hit (delivery/tracking/classify.py). A source that
+    # knows the class sets it; otherwise record_events classifies from these three fields.
+    classification: str = ""
+    user_agent: str = ""
+    ip: str = ""
+    machine_open: bool = False  # SendGrid's sg_machine_open
 
 
 @dataclass(frozen=True)
@@ -124,9 +133,10 @@ WITH incoming AS (
       FROM unnest(%(provider)s::text[], %(event_id)s::text[], %(kind)s::text[],
                   %(occurred_at)s::timestamptz[], %(message_id)s::bigint[],
                   %(provider_message_id)s::text[], %(recipient)s::text[], %(bounce)s::text[],
-                  %(detail)s::text[], %(payload)s::jsonb[])
+                  %(detail)s::text[], %(payload)s::jsonb[], %(classification)s::text[])
            WITH ORDINALITY AS i(provider, event_id, kind, occurred_at, message_id,
-                                provider_message_id, recipient, bounce, detail, payload, n)
+                                provider_message_id, recipient, bounce, detail, payload,
+                                classification, n)
 ), resolved AS (
     SELECT i.*, COALESCE(
                (SELECT m.id FROM delivery_message AS m WHERE m.id = i.message_id),
@@ -146,13 +156,14 @@ WITH incoming AS (
                     ''),
            r.bounce, r.detail, r.occurred_at, r.payload, now(),
            -- NOT NULL with no database default (Django's AddField drops it): a raw INSERT names it.
-           ''
+           r.classification
       FROM resolved AS r
      ORDER BY r.n
     ON CONFLICT (provider, provider_event_id) WHERE provider_event_id IS NOT NULL DO NOTHING
-    RETURNING id, message_id, kind, recipient, bounce, detail
+    RETURNING id, message_id, kind, recipient, bounce, detail, classification, occurred_at
 )
-SELECT ins.id, ins.message_id, m.campaign_id, ins.kind, ins.recipient, ins.bounce, ins.detail
+SELECT ins.id, ins.message_id, m.campaign_id, ins.kind, ins.recipient, ins.bounce, ins.detail,
+       ins.classification, ins.occurred_at
   FROM inserted AS ins
   LEFT JOIN delivery_message AS m ON m.id = ins.message_id
 """
@@ -183,6 +194,10 @@ def _validated(event: ProviderEvent) -> ProviderEvent:
         raise InvalidEvent(f"recipient longer than {RECIPIENT_MAX_CHARS} characters")
     if event.occurred_at.tzinfo is None or event.occurred_at.utcoffset() is None:
         raise InvalidEvent("occurred_at must be timezone-aware")
+    if event.classification not in EmailEvent.Classification.values:
+        raise InvalidEvent(f"unknown classification {event.classification!r}")
+    if event.classification and event.kind not in ENGAGEMENT_KINDS:
+        raise InvalidEvent("only opens and clicks are classified")
     if event.message_id is not None and not 0 < event.message_id < 2**63:
         # Not a message of ours (a forged or foreign custom arg): look up by provider id instead.
         return ProviderEvent(**{**event.__dict__, "message_id": None})
@@ -203,7 +218,61 @@ def _columns(events: Sequence[ProviderEvent]) -> dict[str, list[Any]]:
         # json.dumps with default=str: a payload is what the provider sent, already JSON; the
         # default only guards against a datetime a source put in.
         "payload": [json.dumps(e.payload, default=str) for e in events],
+        "classification": [e.classification for e in events],
     }
+
+
+ENGAGEMENT_KINDS = (Kind.OPENED, Kind.CLICKED)
+
+
+def _classified(events: list[ProviderEvent]) -> list[ProviderEvent]:
+    """Every open and click with its class (delivery/tracking/classify.py): the ones the source
+    left unclassified are classified here, with the message's send time (one query for the
+    batch) for the scanner rule and the batch's clicks for the burst rule."""
+    todo = [i for i, e in enumerate(events) if e.kind in ENGAGEMENT_KINDS and not e.classification]
+    if not todo:
+        return events
+    ids = sorted({events[i].message_id for i in todo if events[i].message_id is not None})
+    sent_at: dict[int, datetime] = {}
+    if ids:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT id, sent_at FROM delivery_message WHERE id = ANY(%s) AND sent_at IS NOT NULL", [ids]
+            )
+            sent_at = dict(cursor.fetchall())
+    clicks = [i for i in todo if events[i].kind == Kind.CLICKED and events[i].message_id is not None]
+    # Which link: the tracking queue's link index, else the provider's URL (in detail).
+    links = {
+        link: n
+        for n, link in enumerate({str(events[i].payload.get("link", events[i].detail)) for i in clicks})
+    }
+    in_burst = {
+        clicks[p]
+        for p in bursts(
+            [
+                (events[i].message_id or 0, links[str(events[i].payload.get("link", events[i].detail))],
+                 events[i].occurred_at.timestamp())
+                for i in clicks
+            ]
+        )
+    }  # fmt: skip
+    scanner_seconds = settings.EMAILHUB_TRACKING_SCANNER_SECONDS
+    result = list(events)
+    for i in todo:
+        e = events[i]
+        hit = Hit(
+            kind=e.kind,
+            user_agent=e.user_agent,
+            ip=e.ip,
+            occurred_at=e.occurred_at,
+            sent_at=sent_at.get(e.message_id) if e.message_id is not None else None,
+            machine_open=e.machine_open,
+            burst=i in in_burst,
+        )
+        result[i] = ProviderEvent(
+            **{**e.__dict__, "classification": classify(hit, scanner_seconds=scanner_seconds)}
+        )
+    return result
 
 
 def record_events(events: Sequence[ProviderEvent]) -> RecordedEvents:
@@ -211,7 +280,7 @@ def record_events(events: Sequence[ProviderEvent]) -> RecordedEvents:
 
     Raises InvalidEvent (nothing written) if any event is malformed.
     """
-    batch = [_validated(e) for e in events]
+    batch = _classified([_validated(e) for e in events])
     if not batch:
         return RecordedEvents(received=0, new=0, duplicates=0, suppressed=0, unmatched=0)
     with transaction.atomic(), connection.cursor() as cursor:
@@ -223,8 +292,15 @@ def record_events(events: Sequence[ProviderEvent]) -> RecordedEvents:
         ] = {}  # address → (reason, detail): the strongest, else the first
         counted: dict[tuple[int, str], int] = {}  # (message, category) → campaign
         new_ids = []
-        for event_id, message_id, campaign_id, kind, recipient, bounce, detail in inserted:
+        opened: dict[int, datetime] = {}
+        clicked: dict[int, datetime] = {}
+        for event_id, message_id, campaign_id, kind, recipient, bounce, detail, cls, at in inserted:
             new_ids.append(event_id)
+            if cls == EmailEvent.Classification.HUMAN and message_id is not None:
+                # A person's click is also an open: images may be blocked, the link was read.
+                opened[message_id] = min(at, opened.get(message_id, at))
+                if kind == Kind.CLICKED:
+                    clicked[message_id] = min(at, clicked.get(message_id, at))
             category = consequence_of(kind, bounce)
             if category is None:
                 continue
@@ -247,6 +323,8 @@ def record_events(events: Sequence[ProviderEvent]) -> RecordedEvents:
                 (campaign_id, category) for (_, category), campaign_id in counted.items()
             )
             move_feedback_counters(feedback)
+
+        record_first_engagement(opened, clicked)
 
         by_reason: dict[str, list[tuple[str, str]]] = defaultdict(list)
         for address, (reason, detail) in to_suppress.items():

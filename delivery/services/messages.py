@@ -18,6 +18,7 @@ from core.schedule_index import index_after_commit, message_unit
 from delivery.exceptions import IdempotencyConflict
 from delivery.models import ApiKey, Message, MessageStatus
 from delivery.services import send_events, transitions
+from delivery.tracking.links import CONTEXT_CLICKS, CONTEXT_OPENS
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,9 @@ class NewMessage:
     # Carry a one-click unsubscribe link (List-Unsubscribe headers, {{ unsubscribe_url }}), as
     # campaign messages do; an `unsubscribed` suppression then stops this message too.
     unsubscribe: bool = False
+    # Open pixel and tracked links (delivery/tracking/), flags in the context like unsubscribe.
+    track_opens: bool = False
+    track_clicks: bool = False
 
 
 def request_fingerprint(body: Any) -> str:
@@ -61,6 +65,13 @@ def accept_message(
     scheduled = new.send_at is not None and new.send_at > now
     # No column for the flag: it rides in the context under a key no template can name.
     context = {**(new.context or {}), CONTEXT_FLAG: True} if new.unsubscribe else new.context
+    flags = {
+        flag: True
+        for flag, wanted in ((CONTEXT_OPENS, new.track_opens), (CONTEXT_CLICKS, new.track_clicks))
+        if wanted
+    }
+    if flags:
+        context = {**(context or {}), **flags}
     message = Message(
         api_key=api_key,
         to_email=new.to,

@@ -32,6 +32,7 @@ from delivery.providers import Outcome, OutgoingEmail
 from delivery.services.gateway import ProviderSkipped, send_via
 from delivery.services.recording import record
 from delivery.services.transitions import ClaimedMessage, Outcomes, claim
+from delivery.tracking.links import CONTEXT_CLICKS, CONTEXT_OPENS, TrackedHtml
 
 logger = logging.getLogger(__name__)
 
@@ -164,15 +165,18 @@ def _render(messages: Iterable[ClaimedMessage]) -> tuple[list[OutgoingEmail], li
     contact_ids = {m.contact_id for m in messages if m.contact_id}
     contacts = Contact.objects.in_bulk(contact_ids) if contact_ids else {}
     campaign_ids = {m.campaign_id for m in messages if m.campaign_id}
-    campaign_from = (
-        dict(
-            Campaign.objects.filter(pk__in=campaign_ids)
-            .exclude(from_email="")
-            .values_list("pk", "from_email")
+    campaign_rows = (
+        Campaign.objects.filter(pk__in=campaign_ids).values_list(
+            "pk", "from_email", "track_opens", "track_clicks"
         )
         if campaign_ids
-        else {}
+        else []
     )
+    campaign_from = {pk: sender for pk, sender, _, _ in campaign_rows if sender}
+    campaign_tracking = {pk: (opens, clicks) for pk, _, opens, clicks in campaign_rows}
+    # Tracked HTML, split into chunks and link slots once per batch and template (link rewriting
+    # costs a parse here, never per recipient).
+    tracked: dict[tuple[int, bool], TrackedHtml] = {}
     default_from = settings.EMAILHUB_DEFAULT_FROM
     issued_at = int(time.time())  # one issue time for the batch's unsubscribe tokens
     emails: list[OutgoingEmail] = []
@@ -193,10 +197,25 @@ def _render(messages: Iterable[ClaimedMessage]) -> tuple[list[OutgoingEmail], li
             context.setdefault("email", m.to_email)
             if link is not None:
                 context[URL_VARIABLE] = link  # ours, whatever the request context said
-            rendered = compiled_template.render(context)
-            subject, html, text = rendered.subject, rendered.html, rendered.text
+            opens, clicks = _tracking(m, campaign_tracking)
+            if opens or clicks:
+                if key not in tracked:
+                    tracked[key] = TrackedHtml.from_compiled(compiled_template.html)
+                # The subject and text as EmailTemplate.render makes them; the HTML from the slots.
+                subject = compiled_template.subject.render(context).replace("\r", " ").replace("\n", " ").strip()
+                text = compiled_template.text.render(context)
+                html = tracked[key].render(context, m.id, opens=opens, clicks=clicks)
+                if not compiled_template.html.source:
+                    html = ""  # an empty part stays empty (no lone pixel)
+            else:
+                rendered = compiled_template.render(context)
+                subject, html, text = rendered.subject, rendered.html, rendered.text
         else:
             subject, html, text = m.subject or "", m.html or "", m.text or ""
+            opens, clicks = _tracking(m, campaign_tracking)
+            if html and (opens or clicks):
+                # A transactional message's own HTML: one message, one parse.
+                html = TrackedHtml(html, template=False).render({}, m.id, opens=opens, clicks=clicks)
         emails.append(
             OutgoingEmail(
                 message_id=m.id,
@@ -212,6 +231,14 @@ def _render(messages: Iterable[ClaimedMessage]) -> tuple[list[OutgoingEmail], li
             )
         )
     return emails, unbuildable
+
+
+def _tracking(m: ClaimedMessage, campaigns: dict[int, tuple[bool, bool]]) -> tuple[bool, bool]:
+    """(track opens, track clicks): the campaign's opt-ins, or a transactional message's flags."""
+    if m.campaign_id is not None:
+        return campaigns.get(m.campaign_id, (False, False))
+    context = m.context if isinstance(m.context, dict) else {}
+    return context.get(CONTEXT_OPENS) is True, context.get(CONTEXT_CLICKS) is True
 
 
 def retry_delay(attempt: int) -> timedelta:

@@ -27,7 +27,7 @@ from typing import Any
 from django.db import connection, transaction
 
 from campaigns.selectors import AUDIENCE_STEP_CTES, campaign_status_sql, suppressed_sql
-from campaigns.unsubscribe import CONTEXT_FLAG
+from campaigns.selectors import UNSUBSCRIBE_CONTEXT_FLAG as CONTEXT_FLAG
 from delivery.models import Message
 from delivery.services import send_events
 
@@ -520,3 +520,32 @@ def republish_stranded(cutoffs: dict[str, float], step: int) -> dict[str, int]:
             counts[priority] = counts.get(priority, 0) + 1
         if len(rows) < step:
             return counts
+
+
+# --- first human open / click (engagement, not status) ------------------------------------------
+
+# One statement for both columns: each is set only while still NULL, so the first human open or
+# click of a message is written exactly once however many batches (or concurrent drains and
+# webhooks) report one; a later batch with an earlier time does not move it either.
+_FIRST_ENGAGEMENT_SQL = """
+UPDATE delivery_message AS m
+   SET first_opened_at = CASE WHEN m.first_opened_at IS NULL THEN coalesce(f.opened, m.first_opened_at)
+                              ELSE m.first_opened_at END,
+       first_clicked_at = CASE WHEN m.first_clicked_at IS NULL THEN coalesce(f.clicked, m.first_clicked_at)
+                               ELSE m.first_clicked_at END
+  FROM unnest(%s::bigint[], %s::timestamptz[], %s::timestamptz[]) AS f(id, opened, clicked)
+ WHERE m.id = f.id
+   AND ((m.first_opened_at IS NULL AND f.opened IS NOT NULL)
+        OR (m.first_clicked_at IS NULL AND f.clicked IS NOT NULL))
+"""
+
+
+def record_first_engagement(opened: dict[int, datetime], clicked: dict[int, datetime]) -> int:
+    """Set first_opened_at / first_clicked_at where still NULL (caller `services/events.py`, for
+    human hits only). Returns how many messages changed."""
+    ids = sorted(set(opened) | set(clicked))
+    if not ids:
+        return 0
+    with connection.cursor() as db:
+        db.execute(_FIRST_ENGAGEMENT_SQL, [ids, [opened.get(i) for i in ids], [clicked.get(i) for i in ids]])
+        return db.rowcount

@@ -303,6 +303,9 @@ def ses_events(sns_message_id: str, event: Mapping[str, Any], received_at: datet
             recipient=address,
             bounce=bounce,
             detail=detail,
+            # Open and Click carry who fetched (classified by record_events, like our own hits).
+            user_agent=str(body.get("userAgent") or "") if kind in (Kind.OPENED, Kind.CLICKED) else "",
+            ip=str(body.get("ipAddress") or "") if kind in (Kind.OPENED, Kind.CLICKED) else "",
             # This recipient's part only: a 50-recipient bounce does not store 50 copies of 50.
             payload={
                 "eventType": kind_name,
