@@ -27,14 +27,13 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db import connection
 
+from campaigns.besthour import best_hour
 from campaigns.models import Campaign, EngagementPopulation
 from campaigns.selectors import WindowPlan
 from core.localtime import localize, zone
-
-# Without any population data the design's fallback: 10:00 local.
-DEFAULT_HOUR = 10
 
 
 def hour_instants(tz_name: str, start: datetime, hours: int) -> dict[int, datetime]:
@@ -62,12 +61,11 @@ def hour_instants(tz_name: str, start: datetime, hours: int) -> dict[int, dateti
     return {**gaps, **firsts}
 
 
-def population_hour(population: list[float] | None, allowed: set[int]) -> int:
-    """The population's best hour among `allowed`: its argmax there, 10:00 without data (or, when
-    10:00 is not in the window, the allowed hour nearest to it, circularly)."""
-    if population and any(population[hour] > 0 for hour in allowed):
-        return max(sorted(allowed), key=lambda hour: population[hour])
-    return min(sorted(allowed), key=lambda hour: min((hour - DEFAULT_HOUR) % 24, (DEFAULT_HOUR - hour) % 24))
+def population_hour(population: list[float] | None, order: list[int]) -> int:
+    """The population's best hour among the window's hours `order` (in the order the window
+    meets them: ties go to the earliest): campaigns.besthour.best_hour with no contact history,
+    so its smoothing and its 10:00 fallback without population data apply."""
+    return best_hour(None, population, k=settings.EMAILHUB_STO_PRIOR_STRENGTH, window=order)
 
 
 def _list_timezones(contact_list_id: int) -> list[str]:
@@ -99,5 +97,6 @@ def window_plan(campaign: Campaign) -> WindowPlan:
             plan.slot_hours.append(hour)
             plan.slot_dues.append(due)
         plan.fallback_zones.append(name)
-        plan.fallback_dues.append(firsts[population_hour(population, set(firsts))])
+        order = sorted(firsts, key=lambda hour: firsts[hour])
+        plan.fallback_dues.append(firsts[population_hour(population, order)])
     return plan

@@ -10,6 +10,9 @@ statement. Everything else is an ordinary function returning values.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from datetime import datetime
+
 from django.db import connection
 
 # The next %(limit)s members of list %(list_id)s after contact id %(cursor)s, in contact-id order
@@ -31,6 +34,45 @@ members AS (
      WHERE c.status = 'active'
        AND NOT EXISTS (SELECT 1 FROM campaigns_suppression AS s WHERE s.email = c.email)
 )""".strip()
+
+
+@dataclass
+class WindowPlan:
+    """An optimized campaign's due-instant tables (campaigns.optimized builds them), parallel
+    lists that fan-out's statement joins as arrays: `slots` (timezone, local hour) → the hour's
+    first instant in the window, `fallbacks` timezone → the population's best hour there."""
+
+    window_start: datetime
+    holdout_percent: int
+    slot_zones: list[str] = field(default_factory=list)
+    slot_hours: list[int] = field(default_factory=list)
+    slot_dues: list[datetime] = field(default_factory=list)
+    fallback_zones: list[str] = field(default_factory=list)
+    fallback_dues: list[datetime] = field(default_factory=list)
+
+    def dues(self) -> set[datetime]:
+        """Every instant a message of this plan can be due at (the slot units to index)."""
+        return {self.window_start, *self.slot_dues, *self.fallback_dues}
+
+
+def best_hour_sql(contact_id: str) -> str:
+    """SQL scalar: the stored best local hour (0..23) of the contact whose id is the expression
+    `contact_id`, NULL without a profile (one primary-key lookup)."""
+    return f"(SELECT p.best_hour FROM campaigns_engagementprofile AS p WHERE p.contact_id = {contact_id})"
+
+
+def holdout_sql(campaign_id: str, contact_id: str, percent: str) -> str:
+    """SQL boolean: the contact is in the campaign's holdout group (`percent` of 0..100).
+
+    A stable hash of "campaign:contact" taken modulo 100: the same contacts at every fan-out
+    step, at a resumed fan-out and in the report, and a different sample for every campaign.
+    md5 rather than hashtext: its value is fixed forever, while hashtext is internal to
+    PostgreSQL and may change with a major version, which would move past campaigns' groups.
+    """
+    return (
+        f"(('x' || substr(md5({campaign_id}::text || ':' || {contact_id}::text), 1, 8))::bit(32)::bigint"
+        f" %% 100 < {percent})"
+    )
 
 
 def suppressed_sql(address: str, *, marketing: str) -> str:

@@ -26,7 +26,14 @@ from typing import Any
 
 from django.db import connection, transaction
 
-from campaigns.selectors import AUDIENCE_STEP_CTES, campaign_status_sql, suppressed_sql
+from campaigns.selectors import (
+    AUDIENCE_STEP_CTES,
+    WindowPlan,
+    best_hour_sql,
+    campaign_status_sql,
+    holdout_sql,
+    suppressed_sql,
+)
 from campaigns.selectors import UNSUBSCRIBE_CONTEXT_FLAG as CONTEXT_FLAG
 from delivery.models import Message
 from delivery.services import send_events
@@ -79,6 +86,34 @@ WITH {AUDIENCE_STEP_CTES}, zones AS (
 {_RESULT.strip()}
 """
 
+# Optimized campaigns: `scheduled` at the instant of the contact's stored best hour in the window
+# (`slots`: timezone × local hour → instant), else the population's best hour for the window in
+# the contact's timezone (`fallbacks`); the holdout share at the window's start. The tables are
+# campaigns.optimized's WindowPlan, a few thousand rows at most; a contact whose timezone is not
+# in them (changed after the plan was made) gets the window's start.
+_OPTIMIZED_STEP_SQL = f"""
+WITH {AUDIENCE_STEP_CTES}, slots AS (
+    SELECT * FROM unnest(%(slot_zones)s::text[], %(slot_hours)s::int[], %(slot_dues)s::timestamptz[])
+        AS s(name, hour, due)
+), fallbacks AS (
+    SELECT * FROM unnest(%(fallback_zones)s::text[], %(fallback_dues)s::timestamptz[]) AS f(name, due)
+), created AS (
+    INSERT INTO delivery_message (campaign_id, contact_id, template_id, to_email, priority, status, due_at)
+    SELECT %(campaign_id)s, a.id, %(template_id)s, a.email, %(priority)s, 'scheduled',
+           CASE WHEN {holdout_sql("%(campaign_id)s", "a.id", "%(holdout_percent)s")} THEN %(window_start)s
+                ELSE coalesce(
+                    (SELECT s.due FROM slots AS s WHERE s.name = a.timezone AND s.hour = {best_hour_sql("a.id")}),
+                    (SELECT f.due FROM fallbacks AS f WHERE f.name = a.timezone),
+                    %(window_start)s)
+           END
+      FROM audience AS a
+     ORDER BY a.id
+    ON CONFLICT (campaign_id, contact_id) DO NOTHING
+    RETURNING id
+)
+{_RESULT.strip()}
+"""
+
 
 def materialise_step(
     *,
@@ -89,9 +124,11 @@ def materialise_step(
     template_id: int | None,
     priority: str,
     zones: dict[str, datetime] | None = None,
+    plan: WindowPlan | None = None,
 ) -> tuple[int | None, int, list[int]]:
     """Insert the campaign's messages for the next `limit` members of its list after `cursor`
-    (`queued`, or with `zones` `scheduled` at each contact's local instant), one
+    (`queued`; with `zones` `scheduled` at each contact's local instant; with an optimized
+    campaign's `plan` `scheduled` at each contact's best hour in the window), one
     `INSERT … SELECT … ON CONFLICT DO NOTHING`: a replayed step inserts nothing twice.
 
     Returns the last member looked at (None when there was none), how many members were looked
@@ -105,10 +142,23 @@ def materialise_step(
         "template_id": template_id,
         "priority": priority,
     }
+    sql = _STEP_SQL
     if zones is not None:
         params.update(zones=list(zones), dues=list(zones.values()))
+        sql = _LOCAL_STEP_SQL
+    elif plan is not None:
+        params.update(
+            slot_zones=plan.slot_zones,
+            slot_hours=plan.slot_hours,
+            slot_dues=plan.slot_dues,
+            fallback_zones=plan.fallback_zones,
+            fallback_dues=plan.fallback_dues,
+            window_start=plan.window_start,
+            holdout_percent=plan.holdout_percent,
+        )
+        sql = _OPTIMIZED_STEP_SQL
     with connection.cursor() as db:
-        db.execute(_LOCAL_STEP_SQL if zones is not None else _STEP_SQL, params)
+        db.execute(sql, params)
         last_member, members, ids = db.fetchone()
     return last_member, members, list(ids)
 
