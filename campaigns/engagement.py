@@ -71,9 +71,8 @@ zones AS (
     SELECT c.id AS contact_id, COALESCE(z.name, 'UTC') AS tz, h.kind, h.occurred_at,
            h.occurred_at >= h.sent_at AND h.occurred_at < h.sent_at + %(arrival)s AS on_arrival
       FROM human_engagement AS h
-      JOIN campaigns_contact AS c
-        ON c.id = COALESCE(h.contact_id,
-                           (SELECT c2.id FROM campaigns_contact AS c2 WHERE c2.email = h.recipient))
+      LEFT JOIN campaigns_contact AS by_address ON h.contact_id IS NULL AND by_address.email = h.recipient
+      JOIN campaigns_contact AS c ON c.id = COALESCE(h.contact_id, by_address.id)
       LEFT JOIN zones AS z ON z.name = c.timezone
 ), weighted AS (
     SELECT contact_id,
@@ -82,9 +81,13 @@ zones AS (
              * (CASE WHEN on_arrival THEN %(arrival_weight)s ELSE 1 END)::float8
              * {_EVENT_FACTOR} AS w
       FROM hits
+), cells AS (
+    -- One row per (contact, hour) first: the 24-way pivot below then reads a few rows per
+    -- contact instead of every event.
+    SELECT contact_id, bin, sum(w) AS w FROM weighted GROUP BY contact_id, bin
 ), fresh AS (
     SELECT contact_id, {_FRESH_BINS} AS histogram
-      FROM weighted
+      FROM cells
      GROUP BY contact_id
 ), upserted AS (
     INSERT INTO campaigns_engagementprofile AS p (contact_id, histogram, decayed_at, best_hour)
@@ -95,7 +98,9 @@ zones AS (
            decayed_at = EXCLUDED.decayed_at
     RETURNING p.contact_id, p.histogram
 ), step_sum AS (
-    SELECT {_STEP_SUM} AS histogram FROM fresh
+    SELECT array_agg(COALESCE(b.w, 0) ORDER BY hours.h)::float8[] AS histogram
+      FROM generate_series(0, 23) AS hours(h)
+      LEFT JOIN (SELECT bin, sum(w) AS w FROM cells GROUP BY bin) AS b ON b.bin = hours.h
 ), population AS (
     UPDATE campaigns_engagementpopulation AS pop
        SET histogram = (SELECT {_POPULATION_DECAYED}
