@@ -10,7 +10,7 @@ from django.conf import settings
 from django.db import connection
 from django.db.models import QuerySet
 
-from campaigns.selectors import campaign_status_sql, suppressed_sql
+from campaigns.selectors import campaign_status_sql, holdout_sql, suppressed_sql
 from delivery.breakers import snapshot
 from delivery.models import ApiKey, EmailEvent, Message
 from delivery.permissions import can_manage
@@ -195,3 +195,78 @@ def feedback_rates_by_provider(days: int = 30) -> dict[str, Any]:
             for provider, sent, bounced, complained in cursor.fetchall()
         ]
     return {"days": days, "rows": rows}
+
+
+# Engagement for send-time optimization (campaigns/engagement.py composes this into its
+# set-based refresh): the next %(limit)s events after id %(after)s, in id order, that are settled
+# (created at or before %(cutoff)s), and of them the human opens and clicks. Two CTEs:
+# `event_window` (upto: the highest id looked at, the refresh's next watermark; NULL when there
+# is nothing new) and `human_engagement` (id, contact_id of a campaign message or NULL, the
+# lower-cased recipient address, kind, occurred_at, the message's sent_at or NULL).
+#
+# Why "settled": ids come from a sequence when a row is inserted, but rows become visible at
+# commit, so a long transaction can commit id 100 after id 101 was read and the watermark moved
+# past it. The window stops before the first event created after the cutoff (record_events
+# stamps created_at with its transaction's start), so an event is missed only if its transaction
+# stayed open longer than EMAILHUB_ENGAGEMENT_SETTLE_SECONDS; a webhook batch takes milliseconds.
+HUMAN_ENGAGEMENT_STEP_CTES = """
+event_page AS (
+    SELECT e.id, e.created_at
+      FROM delivery_emailevent AS e
+     WHERE e.id > %(after)s
+     ORDER BY e.id
+     LIMIT %(limit)s
+), event_window AS (
+    SELECT COALESCE(min(p.id) FILTER (WHERE p.created_at > %(cutoff)s) - 1, max(p.id)) AS upto
+      FROM event_page AS p
+), human_engagement AS (
+    SELECT e.id, m.contact_id, lower(e.recipient) AS recipient, e.kind, e.occurred_at, m.sent_at
+      FROM delivery_emailevent AS e
+      LEFT JOIN delivery_message AS m ON m.id = e.message_id
+     WHERE e.id > %(after)s AND e.id <= (SELECT w.upto FROM event_window AS w)
+       AND e.classification = 'human' AND e.kind IN ('opened', 'clicked')
+)""".strip()
+
+
+def campaign_engagement_groups(campaign_id: int, holdout_percent: int) -> dict[bool, dict[str, int]]:
+    """A campaign's messages by group (True: the holdout, by campaigns.selectors.holdout_sql;
+    with holdout_percent 0 everything is False): sent, and of those the messages with a human
+    open (or a human click: images blocked) and with a human click. One pass over the campaign's
+    messages through the (campaign, contact) unique index."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            SELECT {holdout_sql("m.campaign_id", "m.contact_id", "%(holdout)s")} AS holdout,
+                   count(*) FILTER (WHERE m.status = 'sent'),
+                   count(*) FILTER (WHERE m.status = 'sent'
+                                      AND (m.first_opened_at IS NOT NULL OR m.first_clicked_at IS NOT NULL)),
+                   count(*) FILTER (WHERE m.status = 'sent' AND m.first_clicked_at IS NOT NULL)
+              FROM delivery_message AS m
+             WHERE m.campaign_id = %(campaign)s
+             GROUP BY 1
+            """,
+            {"campaign": campaign_id, "holdout": holdout_percent},
+        )
+        return {
+            bool(holdout): {"sent": sent, "opened": opened, "clicked": clicked}
+            for holdout, sent, opened, clicked in cursor.fetchall()
+        }
+
+
+def campaign_hits(campaign_id: int) -> tuple[int, dict[tuple[str, str], int]]:
+    """A campaign's delivered messages (distinct, from provider events), and its open and click
+    hits by (kind, classification): every hit, human or not."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT e.kind, e.classification, count(*), count(DISTINCT e.message_id)
+              FROM delivery_emailevent AS e
+              JOIN delivery_message AS m ON m.id = e.message_id
+             WHERE m.campaign_id = %s AND e.kind IN ('delivered', 'opened', 'clicked')
+             GROUP BY 1, 2
+            """,
+            [campaign_id],
+        )
+        rows = cursor.fetchall()
+    delivered = sum(messages for kind, _, _, messages in rows if kind == "delivered")
+    return delivered, {(kind, cls): hits for kind, cls, hits, _ in rows if kind != "delivered"}
