@@ -19,6 +19,7 @@ PERIODIC_TASKS: dict[str, tuple[str, int, int, str]] = {
     "emailhub: reconcile schedule": ("scheduling.reconcile", 30, 60, "system"),
     # Open/click hits wait in Redis until this records them, one INSERT per batch.
     "emailhub: record tracking hits": ("delivery.drain_tracking_hits", 1, 2, "system"),
+    "emailhub: refresh engagement": ("campaigns.refresh_engagement", 60, 120, "campaigns"),
 }
 
 
