@@ -1,0 +1,142 @@
+"""Tracking benchmark: open-pixel and click hits against a real gunicorn web process.
+
+Run from the repository root, after `make test` has set up the services:
+
+    .venv/bin/python bench/tracking.py [--hits 20000] [--concurrency 8] [--web-workers 2]
+
+It starts, and always stops (also on error or Ctrl-C), a database of its own
+(`emailhub_bench_tracking`, created and migrated if missing), Redis database 9 and gunicorn (the
+`web` command of scripts/stack.py). Tokens are made before the clock starts; half the hits are
+opens (`GET /t/o/<token>`, 200 image/gif), half clicks (`GET /t/c/<token>`, 302, not followed),
+from `--concurrency` client threads with keep-alive sessions.
+
+What it measures:
+- hits/s: hits answered / wall time of the client loop, and request p50/p99 (client side);
+- that no hit INSERTs (the event table is empty after the client loop: the hits are in Redis);
+- the drain: `drain_hits` in this process, hits recorded per second, and INSERT statements per
+  batch (one per EMAILHUB_TRACKING_DRAIN_BATCH hits).
+The client threads share the 2 cores with gunicorn, so the hit rate is a floor. The last lines
+are `tracking_<metric>: value unit`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import redis  # noqa: E402
+import requests  # noqa: E402
+
+from bench.common import prepare  # noqa: E402
+from bench.smtp_sink import free_port  # noqa: E402
+from scripts.stack import Stack  # noqa: E402
+
+BENCH_DB = "emailhub_bench_tracking"
+REDIS_URL = "redis://127.0.0.1:6379/9"
+LOG_DIR = ROOT / "bench" / ".cache" / "logs"
+BROWSER = "Mozilla/5.0 (iPhone; CPU iPhone OS 17_5 like Mac OS X) AppleWebKit/605.1.15 (KHTML, like Gecko)"
+
+
+def percentile(sorted_values: list[float], p: float) -> float:
+    return sorted_values[max(0, math.ceil(p / 100 * len(sorted_values)) - 1)]
+
+
+def hit_all(base: str, paths: list[str], concurrency: int) -> tuple[float, list[float]]:
+    request_ms, errors = [0.0] * len(paths), []
+    indexes = itertools.count()
+
+    def client() -> None:
+        with requests.Session() as session:
+            session.headers["User-Agent"] = BROWSER
+            while not errors and (i := next(indexes)) < len(paths):
+                started = time.perf_counter()
+                response = session.get(base + paths[i], allow_redirects=False, timeout=30)
+                request_ms[i] = (time.perf_counter() - started) * 1000
+                if response.status_code not in (200, 302):
+                    errors.append(f"HTTP {response.status_code} for {paths[i][:40]}")
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(concurrency)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    elapsed = time.perf_counter() - started
+    if errors:
+        raise RuntimeError(errors[0])
+    return elapsed, sorted(request_ms)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--hits", type=int, default=20_000)
+    parser.add_argument("--messages", type=int, default=2_000)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--web-workers", type=int, default=2)
+    args = parser.parse_args()
+
+    env = prepare(BENCH_DB, REDIS_URL)
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from delivery.services.tracking import drain_hits
+    from delivery.tracking.tokens import click_token, open_token
+
+    with connection.cursor() as cursor:
+        cursor.execute("TRUNCATE delivery_emailevent, delivery_message CASCADE")
+        cursor.execute(
+            """INSERT INTO delivery_message (to_email, priority, status, sent_at, attempts, created_at)
+               SELECT 'user' || n || '@example.com', 'normal', 'sent', now() - interval '1 hour', 1, now()
+                 FROM generate_series(1, %s) AS n RETURNING id""",
+            [args.messages],
+        )
+        ids = [row[0] for row in cursor.fetchall()]
+    redis.Redis.from_url(REDIS_URL).flushdb()
+    paths = [
+        f"/t/o/{open_token(ids[n % len(ids)])}"
+        if n % 2
+        else f"/t/c/{click_token(ids[n % len(ids)], n % 5, f'https://shop.example.com/p/{n % 5}')}"
+        for n in range(args.hits)
+    ]
+    stack = Stack(env=env, log_dir=LOG_DIR)
+    try:
+        port = free_port()
+        stack.start_web(port, workers=args.web_workers)
+        base = f"http://127.0.0.1:{port}"
+        hit_all(base, paths[:500], args.concurrency)  # warm-up: imports, connections
+        redis.Redis.from_url(REDIS_URL).flushdb()
+        elapsed, request_ms = hit_all(base, paths, args.concurrency)
+    finally:
+        stack.stop_all()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM delivery_emailevent")
+        rows_after_hits = cursor.fetchone()[0]
+    queued = redis.Redis.from_url(REDIS_URL).llen("emailhub:tracking:hits")
+    started = time.perf_counter()
+    with CaptureQueriesContext(connection) as queries:
+        report = drain_hits(budget_seconds=3600)
+    drain_elapsed = time.perf_counter() - started
+    inserts = sum(1 for q in queries.captured_queries if "INSERT INTO delivery_emailevent" in q["sql"])
+
+    print(f"hits {args.hits} from {args.concurrency} threads, {args.web_workers} gunicorn workers")
+    print(f"event rows written during the hits: {rows_after_hits}; hits queued in Redis: {queued}")
+    print(
+        f"drain: {report.hits} hits in {report.batches} batches, {inserts} INSERTs, {report.recorded} recorded"
+    )
+    print(f"tracking_hits_per_s: {args.hits / elapsed:.0f} hits/s")
+    print(f"tracking_request_p50: {percentile(request_ms, 50):.2f} ms")
+    print(f"tracking_request_p99: {percentile(request_ms, 99):.2f} ms")
+    print(f"tracking_drain_per_s: {report.hits / drain_elapsed:.0f} hits/s")
+    print(f"tracking_inserts_per_1000_hits: {inserts * 1000 / max(report.hits, 1):.1f} statements")
+
+
+if __name__ == "__main__":
+    main()
