@@ -350,3 +350,19 @@ def test_report_of_an_immediate_campaign_has_no_lift(api: APIClient) -> None:
     lifecycle.schedule(campaign.pk, "immediate")
     report = api.get(f"/api/v1/campaigns/{campaign.pk}/report").json()
     assert report["lift"] is None and report["sent"] == 0 and report["open_rate"] is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_admin_sends_a_draft_optimized_and_its_page_shows_the_lift(admin_client) -> None:  # noqa: ANN001
+    campaign = make_campaign(make_audience(20))
+    Campaign.objects.filter(pk=campaign.pk).update(window_hours=12, holdout_percent=20)
+    response = admin_client.post(
+        "/admin/campaigns/campaign/", {"action": "send_optimized", "_selected_action": [campaign.pk]}
+    )
+    assert response.status_code == 302
+    campaign.refresh_from_db()
+    assert (campaign.status, campaign.schedule_type, campaign.window_hours, campaign.holdout_percent) == (
+        "sending", "optimized", 12, 20,
+    )  # fmt: skip
+    page = admin_client.get(f"/admin/campaigns/campaign/{campaign.pk}/change/").content.decode()
+    assert "Open-rate lift" in page and "Holdout (20%)" in page and "Newcombe" in page
