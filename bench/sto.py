@@ -261,6 +261,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--skip-refresh", action="store_true")
     parser.add_argument("--skip-accuracy", action="store_true")
+    # Fan-out of a 1M optimized campaign against an immediate one (bench/sto_fanout.py).
+    parser.add_argument("--fanout", action="store_true")
+    parser.add_argument("--fanout-contacts", type=int, default=1_000_000)
     parser.add_argument("--refresh-contacts", type=int, default=1_000_000)
     parser.add_argument("--refresh-events", type=int, default=10_000_000)
     parser.add_argument("--step", type=int, default=500_000)
@@ -277,6 +280,10 @@ def main() -> None:
     if not args.skip_refresh:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         results.update(refresh_bench(args))
+    if args.fanout:
+        from bench import sto_fanout  # its own database; not needed by the other parts
+
+        results.update(sto_fanout.run(args.fanout_contacts))
     for name, value in results.items():
         unit = "s" if name.endswith("seconds") else ("events/s" if name.endswith("per_second") else "share")
         if name.endswith("ratio_to_group_by"):
