@@ -187,6 +187,11 @@ SMTP_USERNAME = env_str("SMTP_USERNAME", "")
 SMTP_PASSWORD = env_str("SMTP_PASSWORD", "")
 SMTP_STARTTLS = env_bool("SMTP_STARTTLS", False)
 SMTP_TIMEOUT = env_float("SMTP_TIMEOUT", 10.0, minimum=0.1)
+# DKIM keys for mail sent over SMTP (SES and SendGrid sign for us), loaded once per worker
+# process by delivery/providers/dkim.py: JSON {"example.com": [{"selector": "rsa2026", "key":
+# "/path/rsa.pem"}, {"selector": "ed2026", "key": "/path/ed25519.pem"}]} or a directory of
+# <domain>/<selector>.pem. Empty: nothing is signed. A key that cannot be loaded stops the worker.
+EMAILHUB_DKIM_KEYS = env_str("EMAILHUB_DKIM_KEYS", "")
 
 SES_REGION = env_str("SES_REGION", "us-east-1")
 SES_ENDPOINT_URL = env_str("SES_ENDPOINT_URL", "")
@@ -196,11 +201,6 @@ SES_CONFIGURATION_SET = env_str("SES_CONFIGURATION_SET", "")
 SES_TIMEOUT = env_float("SES_TIMEOUT", 10.0, minimum=0.1)
 
 SENDGRID_API_KEY = env_str("SENDGRID_API_KEY", "")
-# DKIM keys for mail sent over SMTP (SES and SendGrid sign for us), loaded once per worker
-# process by delivery/providers/dkim.py: JSON {"example.com": [{"selector": "rsa2026", "key":
-# "/path/rsa.pem"}, {"selector": "ed2026", "key": "/path/ed25519.pem"}]} or a directory of
-# <domain>/<selector>.pem. Empty: nothing is signed. A key that cannot be loaded stops the worker.
-EMAILHUB_DKIM_KEYS = env_str("EMAILHUB_DKIM_KEYS", "")
 SENDGRID_HOST = env_str("SENDGRID_HOST", "https://api.sendgrid.com")
 SENDGRID_TIMEOUT = env_float("SENDGRID_TIMEOUT", 10.0, minimum=0.1)
 # The Signed Event Webhook's verification key, base64 DER as SendGrid's Mail Settings show it
