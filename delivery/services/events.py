@@ -232,7 +232,7 @@ def _classified(events: list[ProviderEvent]) -> list[ProviderEvent]:
     todo = [i for i, e in enumerate(events) if e.kind in ENGAGEMENT_KINDS and not e.classification]
     if not todo:
         return events
-    ids = sorted({events[i].message_id for i in todo if events[i].message_id is not None})
+    ids = sorted({m for i in todo if (m := events[i].message_id) is not None})
     sent_at: dict[int, datetime] = {}
     if ids:
         with connection.cursor() as cursor:
