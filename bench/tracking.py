@@ -27,6 +27,7 @@ import math
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,7 +38,7 @@ import requests  # noqa: E402
 
 from bench.common import prepare  # noqa: E402
 from bench.smtp_sink import free_port  # noqa: E402
-from scripts.stack import Stack  # noqa: E402
+from scripts.stack import PROCESSES, Stack, with_option  # noqa: E402
 
 BENCH_DB = "emailhub_bench_tracking"
 REDIS_URL = "redis://127.0.0.1:6379/9"
@@ -75,12 +76,31 @@ def hit_all(base: str, paths: list[str], concurrency: int) -> tuple[float, list[
     return elapsed, sorted(request_ms)
 
 
+def start_django_only(stack: Stack, port: int, workers: int) -> None:
+    """The web command of scripts/stack.py with Django's own application instead of
+    emailhub.wsgi's fast-path wrapper: what a hit cost before the fast path."""
+    argv = ["emailhub.wsgi:django_application" if arg == "emailhub.wsgi" else arg for arg in PROCESSES["web"]]
+    argv = with_option(with_option(argv, "--bind", f"127.0.0.1:{port}"), "--workers", str(workers))
+    url = f"http://127.0.0.1:{port}/healthz"
+
+    def ready(_: object) -> bool:
+        with urllib.request.urlopen(url, timeout=1) as response:
+            return bool(response.status == 200)
+
+    stack.start("web", argv, ready=ready)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--hits", type=int, default=20_000)
     parser.add_argument("--messages", type=int, default=2_000)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--web-workers", type=int, default=2)
+    parser.add_argument(
+        "--django-only",
+        action="store_true",
+        help="serve Django's application without the WSGI fast path (the views, all middleware)",
+    )
     args = parser.parse_args()
 
     env = prepare(BENCH_DB, REDIS_URL)
@@ -109,7 +129,10 @@ def main() -> None:
     stack = Stack(env=env, log_dir=LOG_DIR)
     try:
         port = free_port()
-        stack.start_web(port, workers=args.web_workers)
+        if args.django_only:
+            start_django_only(stack, port, args.web_workers)
+        else:
+            stack.start_web(port, workers=args.web_workers)
         base = f"http://127.0.0.1:{port}"
         hit_all(base, paths[:500], args.concurrency)  # warm-up: imports, connections
         redis.Redis.from_url(REDIS_URL).flushdb()
@@ -126,7 +149,8 @@ def main() -> None:
     drain_elapsed = time.perf_counter() - started
     inserts = sum(1 for q in queries.captured_queries if "INSERT INTO delivery_emailevent" in q["sql"])
 
-    print(f"hits {args.hits} from {args.concurrency} threads, {args.web_workers} gunicorn workers")
+    served = "Django only (no fast path)" if args.django_only else "emailhub.wsgi (fast path)"
+    print(f"hits {args.hits} from {args.concurrency} threads, {args.web_workers} gunicorn workers, {served}")
     print(f"event rows written during the hits: {rows_after_hits}; hits queued in Redis: {queued}")
     print(
         f"drain: {report.hits} hits in {report.batches} batches, {inserts} INSERTs, {report.recorded} recorded"

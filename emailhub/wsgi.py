@@ -5,4 +5,12 @@ import os
 from django.core.wsgi import get_wsgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "emailhub.settings")
-application = get_wsgi_application()
+django_application = get_wsgi_application()
+
+# Imported after Django is set up (get_wsgi_application), as the tracking modules read settings.
+from delivery.tracking.serve import TrackingFastPath  # noqa: E402
+
+# Open pixels and tracked links are answered before Django's middleware (see
+# delivery/tracking/serve.py: the same functions as the views, no session, no database);
+# everything else is Django's.
+application = TrackingFastPath(django_application)

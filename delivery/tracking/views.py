@@ -5,25 +5,18 @@ delivery/tracking/hits.py) and the answer does not depend on whether that worked
 the same 200 image for every token, ours or not, so it is no oracle for valid tokens; a click
 token that does not verify is a 404 (there is no URL to send anyone to). No cookie is ever set:
 these views read no session and issue no CSRF token.
+
+In the web process most hits never reach these views: emailhub/wsgi.py answers them with
+`TrackingFastPath` (delivery/tracking/serve.py), which calls the same `open_hit` / `click_hit`.
+They serve what the fast path passes on (a forged click's 404) and Django's test client.
 """
 
 from __future__ import annotations
 
-import time
-
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.views.decorators.http import require_GET
 
-from delivery.tracking import hits
-from delivery.tracking.tokens import InvalidToken, read_click_token, read_open_token
-
-# The smallest transparent GIF: 1×1, one transparent colour (43 bytes).
-PIXEL = (
-    b"GIF89a\x01\x00\x01\x00\x80\x00\x00\x00\x00\x00\xff\xff\xff!\xf9\x04\x01\x00\x00\x00\x00"
-    b",\x00\x00\x00\x00\x01\x00\x01\x00\x00\x02\x02D\x01\x00;"
-)
-# Every open must reach us (a cached pixel is a lost open) and no shared cache may keep it.
-NO_STORE = "no-store, private"
+from delivery.tracking.serve import NO_STORE, PIXEL, click_hit, open_hit
 
 
 def _client(request: HttpRequest) -> tuple[str, str]:
@@ -34,15 +27,7 @@ def _client(request: HttpRequest) -> tuple[str, str]:
 
 @require_GET
 def open_pixel(request: HttpRequest, token: str) -> HttpResponse:
-    try:
-        message_id = read_open_token(token)
-    except InvalidToken:
-        pass
-    else:
-        agent, ip = _client(request)
-        hits.push(
-            hits.encode(hits.OPEN, message_id, link=None, url="", user_agent=agent, ip=ip, at=time.time())
-        )
+    open_hit(token, *_client(request))
     response = HttpResponse(PIXEL, content_type="image/gif")
     response["Cache-Control"] = NO_STORE
     response["Content-Length"] = str(len(PIXEL))
@@ -51,22 +36,9 @@ def open_pixel(request: HttpRequest, token: str) -> HttpResponse:
 
 @require_GET
 def click(request: HttpRequest, token: str) -> HttpResponse:
-    try:
-        target = read_click_token(token)
-    except InvalidToken:
-        raise Http404("unknown link") from None
-    agent, ip = _client(request)
-    hits.push(
-        hits.encode(
-            hits.CLICK,
-            target.message_id,
-            link=target.link,
-            url=target.url,
-            user_agent=agent,
-            ip=ip,
-            at=time.time(),
-        )
-    )
-    response = HttpResponseRedirect(target.url)
+    url = click_hit(token, *_client(request))
+    if url is None:
+        raise Http404("unknown link")
+    response = HttpResponseRedirect(url)
     response["Cache-Control"] = NO_STORE
     return response

@@ -1,0 +1,158 @@
+"""The WSGI fast path for /t/o and /t/c (delivery/tracking/serve.py): through a real gunicorn it
+answers pixels and clicks itself, with Django's answers (status, headers, body), queues the same
+hit the views queue, writes nothing to the database, and leaves everything else to Django."""
+
+from __future__ import annotations
+
+import http.client
+import io
+import json
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.db import connection
+from django.test import Client
+
+from delivery.models import EmailEvent
+from delivery.services.tracking import drain_hits
+from delivery.tracking import hits
+from delivery.tracking.serve import PIXEL, TrackingFastPath
+from delivery.tracking.tokens import click_token, open_token
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+BROWSER = "Mozilla/5.0 (Macintosh; Intel Mac OS X 10_15_7) AppleWebKit/605.1.15 (KHTML, like Gecko)"
+# Headers that legitimately differ between two answers (the server's, and the clock's).
+VARYING = {"date", "server", "connection"}
+
+
+class NotDjango:
+    """Stands in for Django's application: records what reached it."""
+
+    def __init__(self) -> None:
+        self.paths: list[str] = []
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        self.paths.append(environ["PATH_INFO"])
+        start_response("418 I'm a teapot", [("Content-Length", "0")])
+        return [b""]
+
+
+def call(
+    app: TrackingFastPath, path: str, *, method: str = "GET", host: str = "127.0.0.1"
+) -> tuple[str, dict]:
+    answer: dict[str, Any] = {}
+
+    def start_response(status: str, headers: list[tuple[str, str]]) -> None:
+        answer.update(status=status, headers=dict(headers))
+
+    environ = {
+        "REQUEST_METHOD": method,
+        "PATH_INFO": path,
+        "QUERY_STRING": "",
+        "HTTP_HOST": host,
+        "SERVER_NAME": host,
+        "SERVER_PORT": "80",
+        "HTTP_USER_AGENT": BROWSER,
+        "REMOTE_ADDR": "203.0.113.5",
+        "wsgi.input": io.BytesIO(b""),
+        "wsgi.url_scheme": "http",
+    }
+    body = b"".join(app(environ, start_response))
+    return answer["status"], {**answer["headers"], "body": body}
+
+
+def test_fast_path_answers_hits_itself_and_passes_everything_else_on(redis) -> None:  # noqa: ANN001
+    django = NotDjango()
+    app = TrackingFastPath(django)
+    status, answer = call(app, f"/t/o/{open_token(12)}")
+    assert status == "200 OK" and answer["body"] == PIXEL and answer["Content-Type"] == "image/gif"
+    assert call(app, "/t/o/not-a-token")[0] == "200 OK"  # no oracle, and nothing queued
+    url = "https://shop.example.com/spring?a=1"
+    status, answer = call(app, f"/t/c/{click_token(12, 2, url)}")
+    assert status == "302 Found" and answer["Location"] == url and answer["Content-Length"] == "0"
+    assert django.paths == []
+    # Django's: other paths and methods, a forged click (its 404 page), a Host it would refuse.
+    forged = click_token(12, 2, url)[:-3] + "AAA"
+    for path, kwargs in [
+        ("/healthz", {}),
+        (f"/t/o/{open_token(12)}", {"method": "POST"}),
+        (f"/t/o/{open_token(12)}", {"method": "HEAD"}),
+        (f"/t/o/{open_token(12)}/", {}),
+        (f"/t/c/{forged}", {}),
+        (f"/t/o/{open_token(12)}", {"host": "evil.example.net"}),
+        ("/t/o/", {}),
+    ]:
+        assert call(app, path, **kwargs)[0].startswith("418"), (path, kwargs)
+    assert len(django.paths) == 7
+    queued = [hits.decode(raw) for raw in redis.lrange(settings.EMAILHUB_TRACKING_QUEUE, 0, -1)]
+    assert [(h.kind, h.message_id, h.link, h.url, h.user_agent, h.ip) for h in queued] == [
+        (hits.OPEN, 12, None, "", BROWSER, "203.0.113.5"),
+        (hits.CLICK, 12, 2, url, BROWSER, "203.0.113.5"),
+    ]
+
+
+def test_fast_path_answers_match_the_django_views(redis) -> None:  # noqa: ANN001
+    app = TrackingFastPath(NotDjango())
+    client = Client(HTTP_HOST="127.0.0.1")
+    for path in [f"/t/o/{open_token(3)}", "/t/o/unknown", f"/t/c/{click_token(3, 0, 'https://a.example/é')}"]:
+        response = client.get(path, HTTP_USER_AGENT=BROWSER)
+        status, fast = call(app, path)
+        assert status.split()[0] == str(response.status_code), path
+        assert fast.pop("body") == response.content, path
+        django_headers = {k.lower(): v for k, v in response.headers.items()} | {
+            "content-length": str(len(response.content))
+        }
+        assert {k.lower(): v for k, v in fast.items()} == django_headers, path
+    assert redis.llen(settings.EMAILHUB_TRACKING_QUEUE) == 4  # two opens and a click, each twice
+
+
+def test_pixel_and_click_through_gunicorn_with_the_fast_path(stack, web_port: int) -> None:  # noqa: ANN001
+    from emailhub.wsgi import application
+
+    assert isinstance(application, TrackingFastPath)  # what gunicorn serves (emailhub.wsgi)
+    stack.start_web(web_port, workers=1, extra_env={"EMAILHUB_SECRET_KEY": settings.SECRET_KEY})
+    url = "https://shop.example.com/spring"
+    token = click_token(77, 1, url)
+    # One keep-alive-capable connection per request as a mail client would open; headers checked.
+    answers = []
+    for path in [
+        f"/t/o/{open_token(77)}",
+        "/t/o/unknown",
+        f"/t/c/{token}?url=https://evil.example.net/",
+        f"/t/c/{token[:-2]}",
+        "/t/c/?url=https://evil.example.net/",
+    ]:
+        conn = http.client.HTTPConnection("127.0.0.1", web_port, timeout=10)
+        try:
+            conn.request("GET", path, headers={"User-Agent": BROWSER})
+            response = conn.getresponse()
+            answers.append((response.status, dict(response.getheaders()), response.read()))
+        finally:
+            conn.close()
+    (s1, h1, b1), (s2, h2, b2), (s3, h3, _), (s4, h4, _), (s5, _, _) = answers
+    assert (s1, s2, b1, b2) == (200, 200, PIXEL, PIXEL)
+    for headers in (h1, h2, h3, h4):
+        assert "Set-Cookie" not in headers
+    assert h1["Content-Type"] == "image/gif" and h1["Cache-Control"] == "no-store, private"
+    assert h1["Content-Length"] == "43"
+    assert s3 == 302 and h3["Location"] == url and h3["Cache-Control"] == "no-store, private"
+    assert (s4, s5) == (404, 404) and h4["Content-Type"].startswith("text/html")  # Django's page
+    # No INSERT in the requests: the open and the genuine click are queued, nothing else.
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM delivery_emailevent")
+        assert cursor.fetchone()[0] == 0
+    queued = [json.loads(raw) for raw in stack_queue()]
+    assert [(entry[1], entry[2], entry[3], entry[5], entry[6]) for entry in queued] == [
+        (hits.OPEN, 77, None, BROWSER, "127.0.0.1"),
+        (hits.CLICK, 77, 1, BROWSER, "127.0.0.1"),
+    ]
+    assert drain_hits().hits == 2
+    assert sorted(EmailEvent.objects.values_list("kind", flat=True)) == ["clicked", "opened"]
+
+
+def stack_queue() -> list[bytes]:
+    from delivery.breakers import redis_client
+
+    return list(redis_client().lrange(settings.EMAILHUB_TRACKING_QUEUE, 0, -1))
