@@ -234,6 +234,20 @@ DRAFT_CONTENT = (
 )  # fmt: skip
 
 
+class CampaignForm(SenderForm):
+    """A draft's form: `holdout_percent` may be left empty (the API's default then applies), so a
+    form that predates the field, or an operator who never sends optimized, needs no value."""
+
+    holdout_percent = forms.IntegerField(
+        required=False, min_value=0, max_value=50, initial=lifecycle.DEFAULT_HOLDOUT_PERCENT,
+        help_text="optimized campaigns: the share sent at the window's start to measure the lift",
+    )  # fmt: skip
+
+    def clean_holdout_percent(self) -> int:
+        value = self.cleaned_data.get("holdout_percent")
+        return lifecycle.DEFAULT_HOLDOUT_PERCENT if value is None else value
+
+
 @admin.register(Campaign)
 class CampaignAdmin(admin.ModelAdmin):
     """State changes go through the actions (lifecycle services). Status, counters, cursor and
@@ -247,7 +261,7 @@ class CampaignAdmin(admin.ModelAdmin):
     """
 
     actions = [start_now, send_optimized, pause, resume, cancel, archive]
-    form = SenderForm  # from_email: exactly one mailbox, as the API requires
+    form = CampaignForm  # from_email: exactly one mailbox, as the API requires
     list_display = (
         "name",
         "status",
