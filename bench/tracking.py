@@ -3,25 +3,32 @@
 Run from the repository root, after `make test` has set up the services:
 
     .venv/bin/python bench/tracking.py [--hits 20000] [--concurrency 8] [--web-workers 2]
+        [--client raw|requests] [--django-only] [--sync-worker]
 
 It starts, and always stops (also on error or Ctrl-C), a database of its own
 (`emailhub_bench_tracking`, created and migrated if missing), Redis database 9 and gunicorn (the
-`web` command of scripts/stack.py). Tokens are made before the clock starts; half the hits are
-opens (`GET /t/o/<token>`, 200 image/gif), half clicks (`GET /t/c/<token>`, 302, not followed),
-from `--concurrency` client threads with keep-alive sessions.
+`web` command of scripts/stack.py; `--django-only` serves Django's application without the
+WSGI fast path, `--sync-worker` drops `--worker-class gthread`: the two ways to measure what a
+hit cost before). Tokens are made before the clock starts; half the hits are opens
+(`GET /t/o/<token>`, 200 image/gif), half clicks (`GET /t/c/<token>`, 302, not followed), on
+`--concurrency` keep-alive connections: by default one asyncio loop writing prepared requests
+(cheap, so the figure is the server's), or with `--client requests` a requests.Session per
+thread (about 1 ms of client CPU per hit, which then sets the rate). The client's CPU time is
+printed beside the wall time.
 
 What it measures:
 - hits/s: hits answered / wall time of the client loop, and request p50/p99 (client side);
 - that no hit INSERTs (the event table is empty after the client loop: the hits are in Redis);
 - the drain: `drain_hits` in this process, hits recorded per second, and INSERT statements per
   batch (one per EMAILHUB_TRACKING_DRAIN_BATCH hits).
-The client threads share the 2 cores with gunicorn, so the hit rate is a floor. The last lines
+The client shares the 2 cores with gunicorn, so the hit rate is a floor. The last lines
 are `tracking_<metric>: value unit`.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import itertools
 import math
 import sys
@@ -76,10 +83,59 @@ def hit_all(base: str, paths: list[str], concurrency: int) -> tuple[float, list[
     return elapsed, sorted(request_ms)
 
 
-def start_django_only(stack: Stack, port: int, workers: int) -> None:
-    """The web command of scripts/stack.py with Django's own application instead of
-    emailhub.wsgi's fast-path wrapper: what a hit cost before the fast path."""
-    argv = ["emailhub.wsgi:django_application" if arg == "emailhub.wsgi" else arg for arg in PROCESSES["web"]]
+def hit_all_raw(base: str, paths: list[str], concurrency: int) -> tuple[float, list[float]]:
+    """`concurrency` keep-alive connections on one asyncio loop, each request prepared as bytes
+    beforehand; a connection the server closes (`Connection: close`) is reopened."""
+    host, port = base.removeprefix("http://").split(":")
+    requests_bytes = [
+        f"GET {path} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: {BROWSER}\r\n\r\n".encode() for path in paths
+    ]
+    request_ms = [0.0] * len(paths)
+    indexes = iter(range(len(paths)))
+
+    async def client() -> None:
+        reader = writer = None
+        for i in indexes:
+            started = time.perf_counter()
+            if writer is None:
+                reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(requests_bytes[i])
+            head = (await reader.readuntil(b"\r\n\r\n")).lower()
+            status = int(head[9:12])
+            if status not in (200, 302):
+                raise RuntimeError(f"HTTP {status} for {paths[i][:40]}")
+            length = (
+                int(head.split(b"content-length:", 1)[1].split(b"\r\n", 1)[0])
+                if b"content-length:" in head
+                else 0
+            )
+            await reader.readexactly(length)
+            if b"connection: close" in head:
+                writer.close()
+                reader = writer = None
+            request_ms[i] = (time.perf_counter() - started) * 1000
+        if writer is not None:
+            writer.close()
+
+    async def clients() -> None:
+        await asyncio.gather(*(client() for _ in range(concurrency)))
+
+    started = time.perf_counter()
+    asyncio.run(clients())
+    return time.perf_counter() - started, sorted(request_ms)
+
+
+def start_web(stack: Stack, port: int, workers: int, *, django_only: bool, sync_worker: bool) -> None:
+    """The web command of scripts/stack.py; with `django_only`, Django's own application instead
+    of emailhub.wsgi's fast-path wrapper, and with `sync_worker`, without `--worker-class gthread
+    --threads N` (gunicorn's default sync worker, which closes every connection): what a hit cost
+    before each change."""
+    argv = ["emailhub.wsgi:django_application" if django_only and arg == "emailhub.wsgi" else arg
+            for arg in PROCESSES["web"]]  # fmt: skip
+    if sync_worker:
+        for option in ("--worker-class", "--threads"):
+            at = argv.index(option)
+            del argv[at : at + 2]
     argv = with_option(with_option(argv, "--bind", f"127.0.0.1:{port}"), "--workers", str(workers))
     url = f"http://127.0.0.1:{port}/healthz"
 
@@ -100,6 +156,14 @@ def main() -> None:
         "--django-only",
         action="store_true",
         help="serve Django's application without the WSGI fast path (the views, all middleware)",
+    )
+    parser.add_argument("--sync-worker", action="store_true", help="gunicorn's sync worker, not gthread")
+    parser.add_argument(
+        "--client",
+        choices=("raw", "requests"),
+        default="raw",
+        help="raw: one asyncio loop writing prepared requests on keep-alive connections (cheap, so the "
+        "figure is the server's); requests: a requests.Session per thread (about 1 ms of client CPU per hit)",
     )
     args = parser.parse_args()
 
@@ -129,14 +193,14 @@ def main() -> None:
     stack = Stack(env=env, log_dir=LOG_DIR)
     try:
         port = free_port()
-        if args.django_only:
-            start_django_only(stack, port, args.web_workers)
-        else:
-            stack.start_web(port, workers=args.web_workers)
+        start_web(stack, port, args.web_workers, django_only=args.django_only, sync_worker=args.sync_worker)
         base = f"http://127.0.0.1:{port}"
-        hit_all(base, paths[:500], args.concurrency)  # warm-up: imports, connections
+        run = hit_all if args.client == "requests" else hit_all_raw
+        run(base, paths[:500], args.concurrency)  # warm-up: imports, connections
         redis.Redis.from_url(REDIS_URL).flushdb()
-        elapsed, request_ms = hit_all(base, paths, args.concurrency)
+        cpu_started = time.process_time()
+        elapsed, request_ms = run(base, paths, args.concurrency)
+        client_cpu = time.process_time() - cpu_started
     finally:
         stack.stop_all()
     with connection.cursor() as cursor:
@@ -150,7 +214,12 @@ def main() -> None:
     inserts = sum(1 for q in queries.captured_queries if "INSERT INTO delivery_emailevent" in q["sql"])
 
     served = "Django only (no fast path)" if args.django_only else "emailhub.wsgi (fast path)"
-    print(f"hits {args.hits} from {args.concurrency} threads, {args.web_workers} gunicorn workers, {served}")
+    worker = "sync" if args.sync_worker else "gthread"
+    print(
+        f"hits {args.hits}, {args.client} client, concurrency {args.concurrency}, "
+        f"{args.web_workers} gunicorn {worker} workers, {served}"
+    )
+    print(f"client CPU during the hits: {client_cpu:.1f} s of {elapsed:.1f} s wall")
     print(f"event rows written during the hits: {rows_after_hits}; hits queued in Redis: {queued}")
     print(
         f"drain: {report.hits} hits in {report.batches} batches, {inserts} INSERTs, {report.recorded} recorded"

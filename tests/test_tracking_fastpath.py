@@ -115,7 +115,7 @@ def test_pixel_and_click_through_gunicorn_with_the_fast_path(stack, web_port: in
     stack.start_web(web_port, workers=1, extra_env={"EMAILHUB_SECRET_KEY": settings.SECRET_KEY})
     url = "https://shop.example.com/spring"
     token = click_token(77, 1, url)
-    # One keep-alive-capable connection per request as a mail client would open; headers checked.
+    # A new connection per request, as separate mail clients open them; headers checked.
     answers = []
     for path in [
         f"/t/o/{open_token(77)}",
@@ -139,6 +139,19 @@ def test_pixel_and_click_through_gunicorn_with_the_fast_path(stack, web_port: in
     assert h1["Content-Length"] == "43"
     assert s3 == 302 and h3["Location"] == url and h3["Cache-Control"] == "no-store, private"
     assert (s4, s5) == (404, 404) and h4["Content-Type"].startswith("text/html")  # Django's page
+    # Keep-alive (the web command's gthread worker): many hits on one connection, none closed.
+    conn = http.client.HTTPConnection("127.0.0.1", web_port, timeout=10)
+    sockets = []
+    try:
+        for path in ["/t/o/unknown", f"/t/c/{token}", "/t/o/unknown"]:
+            conn.request("GET", path, headers={"User-Agent": BROWSER})
+            response = conn.getresponse()
+            response.read()
+            assert response.status in (200, 302) and response.getheader("Connection") != "close"
+            sockets.append(conn.sock)  # None once the server has closed the connection
+        assert sockets[0] is not None and all(sock is sockets[0] for sock in sockets)
+    finally:
+        conn.close()
     # No INSERT in the requests: the open and the genuine click are queued, nothing else.
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM delivery_emailevent")
@@ -147,9 +160,10 @@ def test_pixel_and_click_through_gunicorn_with_the_fast_path(stack, web_port: in
     assert [(entry[1], entry[2], entry[3], entry[5], entry[6]) for entry in queued] == [
         (hits.OPEN, 77, None, BROWSER, "127.0.0.1"),
         (hits.CLICK, 77, 1, BROWSER, "127.0.0.1"),
+        (hits.CLICK, 77, 1, BROWSER, "127.0.0.1"),
     ]
-    assert drain_hits().hits == 2
-    assert sorted(EmailEvent.objects.values_list("kind", flat=True)) == ["clicked", "opened"]
+    assert drain_hits().hits == 3
+    assert sorted(EmailEvent.objects.values_list("kind", flat=True)) == ["clicked", "clicked", "opened"]
 
 
 def stack_queue() -> list[bytes]:
