@@ -207,7 +207,9 @@ SENDGRID_TIMEOUT = env_float("SENDGRID_TIMEOUT", 10.0, minimum=0.1)
 # (empty: every SendGrid webhook request is refused), and how far the signed timestamp may be
 # from our clock, either side, before a request is refused as a replay.
 EMAILHUB_SENDGRID_WEBHOOK_PUBLIC_KEY = env_str("EMAILHUB_SENDGRID_WEBHOOK_PUBLIC_KEY", "")
-EMAILHUB_SENDGRID_WEBHOOK_TOLERANCE_SECONDS = env_int("EMAILHUB_SENDGRID_WEBHOOK_TOLERANCE_SECONDS", 300, minimum=1)
+EMAILHUB_SENDGRID_WEBHOOK_TOLERANCE_SECONDS = env_int(
+    "EMAILHUB_SENDGRID_WEBHOOK_TOLERANCE_SECONDS", 300, minimum=1
+)
 
 # Provider webhooks (delivery/webhooks/), served at POST /api/v1/webhooks/{name}; adding one is
 # one module plus its path here. See docs/delivery.md, "Webhooks".

@@ -80,7 +80,9 @@ def test_template_is_rendered_with_contact_and_request_context(smtp: SMTPTestSer
 
 
 def test_suppressed_address_is_not_sent(smtp: SMTPTestServer) -> None:
-    Suppression.objects.create(email="gone@example.com", reason="manual")  # an unsubscribe would stop campaign mail only
+    Suppression.objects.create(
+        email="gone@example.com", reason="manual"
+    )  # an unsubscribe would stop campaign mail only
     message = queued("Gone@Example.com")
     report = send_messages([message.pk])
     assert report.suppressed == 1

@@ -202,7 +202,9 @@ def _render(messages: Iterable[ClaimedMessage]) -> tuple[list[OutgoingEmail], li
                 if key not in tracked:
                     tracked[key] = TrackedHtml.from_compiled(compiled_template.html)
                 # The subject and text as EmailTemplate.render makes them; the HTML from the slots.
-                subject = compiled_template.subject.render(context).replace("\r", " ").replace("\n", " ").strip()
+                subject = (
+                    compiled_template.subject.render(context).replace("\r", " ").replace("\n", " ").strip()
+                )
                 text = compiled_template.text.render(context)
                 html = tracked[key].render(context, m.id, opens=opens, clicks=clicks)
                 if not compiled_template.html.source:

@@ -175,7 +175,9 @@ def parse_event(item: dict[str, Any], *, received_at: datetime) -> ProviderEvent
         payload=item,
         # Opens and clicks are classified by record_events like our own hits; SendGrid marks
         # Apple Mail Privacy Protection's prefetches itself.
-        user_agent=str(item.get("useragent") or "") if kind in (EmailEvent.Kind.OPENED, EmailEvent.Kind.CLICKED) else "",
+        user_agent=str(item.get("useragent") or "")
+        if kind in (EmailEvent.Kind.OPENED, EmailEvent.Kind.CLICKED)
+        else "",
         ip=str(item.get("ip") or "") if kind in (EmailEvent.Kind.OPENED, EmailEvent.Kind.CLICKED) else "",
         machine_open=kind == EmailEvent.Kind.OPENED and item.get("sg_machine_open") is True,
     )
