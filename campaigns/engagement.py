@@ -1,22 +1,24 @@
 """Engagement profiles: per-contact 24-bin histograms of human opens and clicks by local hour.
 
 `refresh_profiles()` (the beat task `campaigns.refresh_engagement`, every 60 s) folds the human
-open and click events recorded since the watermark into the profiles, in steps of
-EMAILHUB_ENGAGEMENT_REFRESH_STEP events, each step one transaction of four statements whatever
-the number of contacts:
+open and click events recorded since the watermark into the profiles. A fold is one transaction
+whose statement count does not depend on the number of contacts:
 
 1. lock the population row (two refreshes never fold one event twice) and read the watermark;
-2. one statement: the step's human events (delivery's `HUMAN_ENGAGEMENT_STEP_CTES`) mapped to
+2. per step of EMAILHUB_ENGAGEMENT_REFRESH_STEP events (up to _STEPS_PER_FOLD steps), one
+   statement: the step's human events (delivery's `HUMAN_ENGAGEMENT_STEP_CTES`) mapped to
    contacts (a campaign message's contact, else the recipient address), binned by the hour of
    `occurred_at AT TIME ZONE contact.timezone` (PostgreSQL's tz database, DST-correct), weighted
    (click > open; a hit within EMAILHUB_ENGAGEMENT_ARRIVAL_MINUTES of the message's send counts
    EMAILHUB_ENGAGEMENT_ARRIVAL_WEIGHT: its hour is the hour we sent as much as the reader's
-   habit) and decayed to the refresh instant, upserted into the profiles (existing bins
-   decayed to the same instant first), the population histogram moved the same way and the
-   watermark advanced;
-3. read the new population;
-4. store the best hour (no window) of every touched contact, computed in one Python pass over
-   their 24 bins (campaigns.besthour) and written with one UPDATE … FROM unnest.
+   habit), decayed to the refresh instant and appended as (contact, hour, weight) cells to a
+   temporary staging table; it returns the step's watermark and its 24 bin sums;
+3. the population histogram decayed and moved by the steps' sums, the watermark advanced;
+4. one INSERT … ON CONFLICT DO UPDATE: the cells pivoted to 24 bins per contact, added to the
+   contact's existing bins decayed to the same instant, the best hour (no window) chosen in SQL
+   with exactly best_hour_fast's arithmetic against the new population — each touched profile
+   is written once per fold however many steps touched it (a per-step upsert rewrote ~400,000
+   profiles per step of a 1M-contact backlog: 668 s where this takes ~73 s).
 
 Decay: a weight w at time t is worth w·2^(−(T−t)/half-life) at T. Decay is linear, so bins
 decayed to the same instant can be added, and the population histogram is, at every refresh,
