@@ -9,9 +9,9 @@ plus its dotted path in `EMAILHUB_PROVIDER_CLASSES`; the chains
 from __future__ import annotations
 
 from django.conf import settings
-from django.utils.module_loading import import_string
 
 from delivery.exceptions import ProviderConfigurationError
+from delivery.plugins import named_classes
 from delivery.providers.base import Outcome, OutgoingEmail, Provider, SendResult
 
 __all__ = [
@@ -35,25 +35,7 @@ _instances: dict[str, Provider] = {}
 def provider_classes() -> dict[str, type[Provider]]:
     """name → class of every provider in `EMAILHUB_PROVIDER_CLASSES`. Read on each call (only
     when a provider is built or the settings are checked), so a settings override takes effect."""
-    classes: dict[str, type[Provider]] = {}
-    for path in settings.EMAILHUB_PROVIDER_CLASSES:
-        try:
-            cls = import_string(path)
-        except ImportError as exc:
-            raise ProviderConfigurationError(
-                f"EMAILHUB_PROVIDER_CLASSES: cannot import {path!r}: {exc}"
-            ) from exc
-        if not (isinstance(cls, type) and issubclass(cls, Provider)) or not cls.name:
-            raise ProviderConfigurationError(
-                f"EMAILHUB_PROVIDER_CLASSES: {path!r} is not a Provider subclass with a name"
-            )
-        if cls.name in classes:
-            raise ProviderConfigurationError(
-                f"EMAILHUB_PROVIDER_CLASSES: {path!r} and {classes[cls.name].__module__} both declare "
-                f"the provider name {cls.name!r}"
-            )
-        classes[cls.name] = cls
-    return classes
+    return named_classes("EMAILHUB_PROVIDER_CLASSES", Provider, "provider")
 
 
 def get_provider(name: str) -> Provider:

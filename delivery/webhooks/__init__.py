@@ -9,10 +9,7 @@ Adding a provider's webhook is one module with a `Webhook` subclass (its `name`,
 
 from __future__ import annotations
 
-from django.conf import settings
-from django.utils.module_loading import import_string
-
-from delivery.exceptions import ProviderConfigurationError
+from delivery.plugins import named_classes
 from delivery.webhooks.base import (
     ForgedWebhook,
     InvalidWebhook,
@@ -40,25 +37,7 @@ _instances: dict[str, Webhook] = {}
 def webhook_classes() -> dict[str, type[Webhook]]:
     """name → class of every webhook in `EMAILHUB_WEBHOOK_CLASSES`, read on each call so a
     settings override takes effect."""
-    classes: dict[str, type[Webhook]] = {}
-    for path in settings.EMAILHUB_WEBHOOK_CLASSES:
-        try:
-            cls = import_string(path)
-        except ImportError as exc:
-            raise ProviderConfigurationError(
-                f"EMAILHUB_WEBHOOK_CLASSES: cannot import {path!r}: {exc}"
-            ) from exc
-        if not (isinstance(cls, type) and issubclass(cls, Webhook)) or not cls.name:
-            raise ProviderConfigurationError(
-                f"EMAILHUB_WEBHOOK_CLASSES: {path!r} is not a Webhook subclass with a name"
-            )
-        if cls.name in classes:
-            raise ProviderConfigurationError(
-                f"EMAILHUB_WEBHOOK_CLASSES: {path!r} and {classes[cls.name].__module__} both declare "
-                f"the webhook name {cls.name!r}"
-            )
-        classes[cls.name] = cls
-    return classes
+    return named_classes("EMAILHUB_WEBHOOK_CLASSES", Webhook, "webhook")
 
 
 def get_webhook(name: str) -> Webhook | None:
