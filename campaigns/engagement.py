@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -188,7 +189,7 @@ def refresh_profiles(
     now = now or timezone.now()
     step = step or settings.EMAILHUB_ENGAGEMENT_REFRESH_STEP
     cutoff = now - timedelta(seconds=settings.EMAILHUB_ENGAGEMENT_SETTLE_SECONDS)
-    params = {
+    params: dict[str, Any] = {
         "now": now,
         "cutoff": cutoff,
         "limit": step,

@@ -27,7 +27,7 @@ def named_classes(setting: str, base: type[T], kind: str) -> dict[str, type[T]]:
             raise ProviderConfigurationError(
                 f"{setting}: {path!r} is not a {base.__name__} subclass with a name"
             )
-        name = cls.name
+        name: str = getattr(cls, "name")  # noqa: B009 - checked above; T is unbounded
         if name in classes:
             raise ProviderConfigurationError(
                 f"{setting}: {path!r} and {classes[name].__module__} both declare the {kind} name {name!r}"
