@@ -13,6 +13,8 @@ from rest_framework.test import APIClient
 
 from delivery.authentication import create_api_key
 from delivery.models import ApiKey, Message
+from delivery.testing.sendgrid_server import SendGridTestServer
+from delivery.testing.ses_server import SESTestServer
 from delivery.testing.smtp_server import SMTPTestServer, free_port
 from scripts.stack import Stack
 
@@ -20,6 +22,20 @@ from scripts.stack import Stack
 @pytest.fixture(scope="session")
 def smtp_server() -> Iterator[SMTPTestServer]:
     with SMTPTestServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def ses_server() -> Iterator[SESTestServer]:
+    """A local Amazon SES (moto in server mode behind a fault proxy), one per test module."""
+    with SESTestServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def sendgrid_server() -> Iterator[SendGridTestServer]:
+    """A local server with SendGrid's v3 mail/send contract, one per test module."""
+    with SendGridTestServer() as server:
         yield server
 
 

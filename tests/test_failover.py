@@ -24,18 +24,6 @@ FAIL_MAX = 5
 RESET_TIMEOUT = 2.0
 
 
-@pytest.fixture(scope="module")
-def ses_server() -> Iterator[SESTestServer]:
-    with SESTestServer() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def sendgrid_server() -> Iterator[SendGridTestServer]:
-    with SendGridTestServer() as server:
-        yield server
-
-
 @pytest.fixture
 def providers(
     ses_server: SESTestServer, sendgrid_server: SendGridTestServer, smtp: SMTPTestServer

@@ -29,18 +29,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 MSG_ID = re.compile(r"^<[a-z2-7]{26}@[A-Za-z0-9.-]+>$")
 
 
-@pytest.fixture(scope="module")
-def ses_server() -> Iterator[SESTestServer]:
-    with SESTestServer() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def sendgrid_server() -> Iterator[SendGridTestServer]:
-    with SendGridTestServer() as server:
-        yield server
-
-
 @pytest.fixture
 def providers(
     settings,  # noqa: ANN001

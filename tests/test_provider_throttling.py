@@ -31,18 +31,6 @@ from tests.conftest import wait_until
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture(scope="module")
-def ses_server() -> Iterator[SESTestServer]:
-    with SESTestServer() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def sendgrid_server() -> Iterator[SendGridTestServer]:
-    with SendGridTestServer() as server:
-        yield server
-
-
 @pytest.fixture
 def providers(
     settings,  # noqa: ANN001

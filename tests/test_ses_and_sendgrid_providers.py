@@ -28,12 +28,6 @@ def email(
     )
 
 
-@pytest.fixture(scope="module")
-def ses_server() -> Iterator[SESTestServer]:
-    with SESTestServer() as server:
-        yield server
-
-
 @pytest.fixture
 def ses(ses_server: SESTestServer) -> Iterator[SESTestServer]:
     ses_server.reset()
