@@ -88,7 +88,7 @@ from bench.transactional import message_body, percentile, post_messages, wait_un
 from scripts.stack import PROCESSES, Stack, with_option  # noqa: E402
 
 BENCH_DB = "emailhub_bench_campaign"
-REDIS_URL = "redis://127.0.0.1:6379/9"
+REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/9")
 
 LOG_DIR = ROOT / "bench" / ".cache" / "logs" / "campaign"
 CLOCK_TICK = os.sysconf("SC_CLK_TCK")

@@ -84,7 +84,7 @@ from delivery.testing.smtp_server import SMTPTestServer  # noqa: E402
 from scripts.stack import Stack  # noqa: E402
 
 BENCH_DB = "emailhub_bench_delivery"
-REDIS_URL = "redis://127.0.0.1:6379/12"
+REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/12")
 LOG_DIR = ROOT / "bench" / ".cache" / "logs" / "delivery"
 SCENARIOS = ("throughput", "failover", "ses-down", "outage")
 PROVIDERS = ("smtp", "ses", "sendgrid")

@@ -69,7 +69,7 @@ from bench.common import prepare  # noqa: E402
 # each bench empties its tables and flushes its Redis database at every run, and other benches
 # run on this machine at the same time (claim_bench() refuses to share).
 BENCH_DB = "emailhub_bench_fanout"
-REDIS_URL = "redis://127.0.0.1:6379/11"
+REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/11")
 TEMPLATE_NAME = "bench-newsletter"
 
 

@@ -87,7 +87,7 @@ from bench.transactional import group_stats, percentile  # noqa: E402
 from scripts.stack import Stack  # noqa: E402
 
 BENCH_DB = "emailhub_bench_scheduler"
-REDIS_URL = "redis://127.0.0.1:6379/10"
+REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/10")
 LOG_DIR = ROOT / "bench" / ".cache" / "logs" / "scheduler"
 TEMPLATE_KEY = "bench:scheduler:template"  # the filled due set, copied before each claim pass
 LEASE_SECONDS = 30.0

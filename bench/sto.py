@@ -170,7 +170,7 @@ def simulate(args: argparse.Namespace) -> dict[str, float]:
 
 
 BENCH_DB = "emailhub_bench_sto"
-REDIS_URL = "redis://127.0.0.1:6379/10"
+REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/10")
 
 
 def refresh_bench(args: argparse.Namespace) -> dict[str, float]:

@@ -19,6 +19,7 @@ the optimized run, the distinct due instants and the slot units in Redis (a few 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -36,7 +37,7 @@ from bench import fanout as fanout_bench  # noqa: E402
 from core.schedule_index import DUE  # noqa: E402
 
 DATABASE = "emailhub_bench_sto_fanout"
-REDIS_URL = "redis://127.0.0.1:6379/11"
+REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/11")
 ZONES = [
     "UTC", "Europe/London", "Europe/Berlin", "Asia/Kolkata", "Asia/Kathmandu", "Asia/Tokyo",
     "Australia/Adelaide", "Australia/Lord_Howe", "Pacific/Chatham", "America/New_York",

@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import itertools
 import math
+import os
 import sys
 import threading
 import time
@@ -48,7 +49,7 @@ from bench.smtp_sink import free_port  # noqa: E402
 from scripts.stack import PROCESSES, Stack, with_option  # noqa: E402
 
 BENCH_DB = "emailhub_bench_tracking"
-REDIS_URL = "redis://127.0.0.1:6379/9"
+REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/9")
 LOG_DIR = ROOT / "bench" / ".cache" / "logs"
 BROWSER = "Mozilla/5.0 (iPhone; CPU iPhone OS 17_5 like Mac OS X) AppleWebKit/605.1.15 (KHTML, like Gecko)"
 

@@ -50,7 +50,7 @@ from bench.smtp_sink import SinkUnavailable, free_port, open_sink  # noqa: E402
 from scripts.stack import Stack  # noqa: E402
 
 BENCH_DB = "emailhub_bench"
-REDIS_URL = "redis://127.0.0.1:6379/14"
+REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
 LOG_DIR = ROOT / "bench" / ".cache" / "logs"
 
 

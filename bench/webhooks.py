@@ -54,7 +54,7 @@ from delivery.testing.sns import TOPIC_ARN, SNSSigner, ses_event  # noqa: E402
 from scripts.stack import Stack  # noqa: E402
 
 BENCH_DB = "emailhub_bench_webhooks"  # its own: it truncates the event and message tables
-REDIS_URL = "redis://127.0.0.1:6379/13"
+REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/13")
 LOG_DIR = ROOT / "bench" / ".cache" / "logs"
 
 
