@@ -3,9 +3,13 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | sha1sum | cut -c1-12)
+# The demo's own database (scripts/demo.py creates and migrates it): never the `emailhub` one the
+# README's examples use.
+DEMO_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/emailhub_demo
 
 .PHONY: demo test setup venv services lint bench
 
+# Production packages (requirements.txt, all the Docker image gets) plus the test and dev tools.
 $(STAMP): requirements.txt requirements-dev.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
@@ -18,14 +22,17 @@ venv: $(STAMP)
 services:
 	@scripts/ensure_services.sh
 
+# The `emailhub` database created and migrated, the static files collected (gunicorn serves
+# them with WhiteNoise): what the README's "Running each process by hand" needs.
 setup: venv services
 	@$(PY) scripts/ensure_db.py
 	@$(PY) manage.py migrate --noinput -v0
+	@$(PY) manage.py collectstatic --noinput -v0
 
 demo: setup
-	$(PY) scripts/demo.py
+	DEMO_DATABASE_URL=$(DEMO_DATABASE_URL) $(PY) scripts/demo.py
 
-test: venv services
+test: setup
 	$(PY) -m pytest
 
 lint: venv

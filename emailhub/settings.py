@@ -29,6 +29,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI and Redoc as static files: /api/docs/ needs no CDN
     "django_celery_beat",
     "core",
     "campaigns",
@@ -40,6 +41,9 @@ MIDDLEWARE = [
     # First, so it also turns the pages the other middleware produce into JSON on /api/.
     "emailhub.api_errors.ApiErrorMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    # Serves /static/ from STATIC_ROOT in every way of running (gunicorn, compose, the image):
+    # hashed names cached for a year, gzip, no extra web server. Needs `collectstatic` first.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -83,7 +87,15 @@ LANGUAGE_CODE = "en-us"
 USE_I18N = False
 
 STATIC_URL = "static/"
-STATIC_ROOT = BASE_DIR / "staticfiles"
+# Filled by `manage.py collectstatic` (make setup, the Docker build, scripts/stack.py before it
+# starts gunicorn); WhiteNoiseMiddleware serves it.
+STATIC_ROOT = Path(env_str("EMAILHUB_STATIC_ROOT", str(BASE_DIR / "staticfiles")))
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    # Content-hashed names plus .gz copies. A page naming a file collectstatic did not see is
+    # an error (a 500 in the admin), not an unstyled page.
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+}
 
 # --- Redis and Celery -------------------------------------------------------------------------
 
@@ -274,6 +286,13 @@ SPECTACULAR_SETTINGS = {
     "TITLE": "emailhub API",
     "VERSION": "1.0.0",
     "DESCRIPTION": "Transactional and campaign email with priorities, scheduling and failover.",
+    # /api/docs/ (Swagger UI) and /api/redoc/ load their JavaScript, CSS and favicon from our own
+    # /static/ (drf-spectacular-sidecar), never from a CDN; Swagger's online validator badge (an
+    # image from validator.swagger.io) is off.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "SWAGGER_UI_SETTINGS": {"deepLinking": True, "validatorUrl": None},
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "emailhub.api_errors.add_error_responses",  # every error in the one documented shape

@@ -6,6 +6,11 @@ SMTP → SendGrid → SES. It sends a burst of messages of all four priorities t
 (plus one scheduled a few seconds ahead); halfway through, SES starts answering 500 to
 everything, so the demo shows the circuit breaker opening and mail moving to SendGrid. It prints
 per-priority latency from acceptance to the provider's acceptance, and stops everything.
+
+It runs on a database of its own (DEMO_DATABASE_URL, by default `emailhub_demo`, created and
+migrated here), never the one the README's examples use, and at its end deactivates the
+recurring schedule it created and cancels anything still pending (scripts/demo_cleanup.py), so
+no beat or scheduler started on that database later mails the demo's contacts.
 """
 
 from __future__ import annotations
@@ -24,13 +29,21 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "emailhub.settings")
 # at start, so an earlier run (an SES breaker left open, say) cannot change what it shows.
 DEMO_REDIS_URL = os.environ.get("DEMO_REDIS_URL", "redis://127.0.0.1:6379/13")
 os.environ["REDIS_URL"] = os.environ["CELERY_BROKER_URL"] = DEMO_REDIS_URL
+# Its own database too: the 5,000 demo contacts and the demo's schedules stay out of `emailhub`.
+DEMO_DATABASE_URL = os.environ.get("DEMO_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/emailhub_demo")
+os.environ["DATABASE_URL"] = DEMO_DATABASE_URL
 
 import django  # noqa: E402
 
+from scripts import ensure_db  # noqa: E402
+
+if ensure_db.main() != 0:
+    sys.exit(1)
 django.setup()
 
 import redis  # noqa: E402
 import requests  # noqa: E402
+from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
 from django.db.models import F  # noqa: E402
 from rich.console import Console  # noqa: E402
@@ -42,6 +55,7 @@ from delivery.models import Message  # noqa: E402
 from delivery.testing.sendgrid_server import SendGridTestServer  # noqa: E402
 from delivery.testing.ses_server import SESTestServer  # noqa: E402
 from delivery.testing.smtp_server import free_port  # noqa: E402
+from scripts.demo_cleanup import retire_demo_work  # noqa: E402
 from scripts.stack import PROCESSES, ROOT, Stack, with_option  # noqa: E402
 
 BURST = {"critical": 40, "high": 60, "normal": 200, "low": 100}
@@ -352,10 +366,13 @@ def main() -> int:
     redis.Redis.from_url(DEMO_REDIS_URL).flushdb()
     log_dir = ROOT / "var" / "demo-logs"
     console.rule("[bold]emailhub demo")
-    console.print(f"process logs: {log_dir}")
+    with console.status(f"migrating the demo's database {connection.settings_dict['NAME']}…"):
+        call_command("migrate", interactive=False, verbosity=0)
+    console.print(f"database: {connection.settings_dict['NAME']} (the demo's own); process logs: {log_dir}")
     ses, sendgrid = SESTestServer(), SendGridTestServer()
     env = {
         "DJANGO_SETTINGS_MODULE": "emailhub.settings",
+        "DATABASE_URL": DEMO_DATABASE_URL,
         "REDIS_URL": DEMO_REDIS_URL,
         "CELERY_BROKER_URL": DEMO_REDIS_URL,
         "SMTP_PORT": str(sink_port),
@@ -423,6 +440,13 @@ def main() -> int:
                 except Exception:  # noqa: BLE001 - a server that never started has nothing to stop
                     pass
         console.print("all demo processes stopped")
+        # After the processes: nothing can start new work while this retires what is left.
+        retired = retire_demo_work()
+        console.print(
+            f"left nothing active: {len(retired.schedules)} recurring schedule(s) deactivated, "
+            f"{len(retired.campaigns)} unfinished campaign(s) and {len(retired.messages)} pending "
+            "message(s) cancelled"
+        )
     if sink is not None:
         console.print(f"the SMTP sink says: {sink.log().strip().splitlines()[-1]}")
     return 0 if ok else 1

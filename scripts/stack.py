@@ -72,6 +72,32 @@ def with_option(argv: list[str], option: str, value: str) -> list[str]:
     return argv
 
 
+_static_collected: set[str] = set()
+
+
+def collect_static(env: dict[str, str]) -> None:
+    """Make STATIC_ROOT current before a web process starts, once per static root per process.
+
+    With EMAILHUB_DEBUG=false gunicorn serves /static/ only from what `collectstatic` put in
+    STATIC_ROOT, and the admin's pages fail without its manifest (scripts/collect_static.py
+    skips the work when nothing changed and locks out concurrent runs).
+    """
+    root = env.get("EMAILHUB_STATIC_ROOT", "")
+    if root in _static_collected:
+        return
+    result = subprocess.run(
+        [sys.executable, "scripts/collect_static.py"],
+        cwd=ROOT,
+        env={**env, "PYTHONUNBUFFERED": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"collectstatic failed:\n{result.stdout[-2000:]}{result.stderr[-3000:]}")
+    _static_collected.add(root)
+
+
 @dataclass
 class Process:
     name: str
@@ -147,6 +173,7 @@ class Stack:
         raise RuntimeError(f"{process.name} not ready after {timeout:.0f}s:\n{process.log()[-3000:]}")
 
     def start_web(self, port: int, *, workers: int = 2, extra_env: dict[str, str] | None = None) -> Process:
+        collect_static({**os.environ, **self.env, **(extra_env or {})})
         argv = with_option(PROCESSES["web"], "--bind", f"127.0.0.1:{port}")
         argv = with_option(argv, "--workers", str(workers))
         url = f"http://127.0.0.1:{port}/healthz"

@@ -7,3 +7,8 @@ os.environ.setdefault("CELERY_BROKER_URL", os.environ["REDIS_URL"])
 os.environ.setdefault("EMAILHUB_OUTBOX_GRACE_SECONDS", "0.5")
 
 from emailhub.settings import *  # noqa: E402,F403
+
+# The test client renders admin pages in this process without serving /static/: plain names,
+# no manifest needed. The gunicorn processes the tests start use emailhub.settings (hashed names,
+# WhiteNoise), and scripts/stack.py collects the static files before it starts one.
+STORAGES = {**STORAGES, "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}  # noqa: F405
