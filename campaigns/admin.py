@@ -12,6 +12,7 @@ from django.utils.html import format_html
 from django.utils.http import urlencode
 
 from campaigns import lifecycle
+from campaigns.admin_workflows import CampaignWorkflows, ImportJobWorkflows, TemplateWorkflows
 from campaigns.erasure import erase_contacts, placeholder_for
 from campaigns.exceptions import CampaignStateError
 from campaigns.models import (
@@ -120,7 +121,7 @@ class SuppressionAdmin(admin.ModelAdmin):
 
 
 @admin.register(Template)
-class TemplateAdmin(admin.ModelAdmin):
+class TemplateAdmin(TemplateWorkflows):
     formfield_overrides = STORABLE_JSON_FORMFIELDS  # NUL in defaults: a form error, not a 500
     list_display = ("name", "subject", "updated_at")
     search_fields = ("name", "subject")
@@ -249,7 +250,7 @@ class CampaignForm(SenderForm):
 
 
 @admin.register(Campaign)
-class CampaignAdmin(admin.ModelAdmin):
+class CampaignAdmin(CampaignWorkflows):
     """State changes go through the actions (lifecycle services). Status, counters, cursor and
     timestamps are never written from this form: a full-row save would overwrite what workers
     and fan-out moved meanwhile. A draft's content is saved through lifecycle.update_draft (locked
@@ -416,7 +417,7 @@ class WorkerWrittenAdmin(admin.ModelAdmin):
 
 
 @admin.register(ImportJob)
-class ImportJobAdmin(WorkerWrittenAdmin):
+class ImportJobAdmin(ImportJobWorkflows, WorkerWrittenAdmin):
     list_display = (
         "id", "filename", "contact_list", "status", "rows_read", "rows_created", "rows_updated",
         "rows_duplicate", "rows_rejected", "created_at",

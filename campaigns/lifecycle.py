@@ -141,6 +141,7 @@ def schedule(
     window_start: datetime | None = None,
     window_hours: int | None = None,
     holdout_percent: int | None = None,
+    unchanged_since: datetime | None = None,
 ) -> Campaign:
     """Schedule a draft.
 
@@ -151,6 +152,8 @@ def schedule(
     recipients for whom that moment has passed); `optimized` fans out now into messages each
     due at its contact's best hour inside [window_start (default now), + window_hours
     (default 24)), `holdout_percent` (default 10) of them at window_start (campaigns.optimized).
+    With `unchanged_since` (the `updated_at` an operator's form was drawn from), a draft edited
+    since is refused (CampaignStateError) under the row lock: what is scheduled is what was seen.
     """
     check_schedule(
         schedule_type,
@@ -165,6 +168,11 @@ def schedule(
         campaign = _locked(campaign_id)
         if campaign.status != Status.DRAFT:
             raise CampaignStateError(f"only a draft campaign can be scheduled; this one is {campaign.status}")
+        if unchanged_since is not None and campaign.updated_at != unchanged_since:
+            raise CampaignStateError(
+                f"the draft was edited at {campaign.updated_at:%Y-%m-%d %H:%M:%S} UTC, after this form was "
+                "opened; check it and schedule again"
+            )
         campaign.schedule_type = schedule_type
         campaign.scheduled_at = scheduled_at
         now = timezone.now()

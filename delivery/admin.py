@@ -6,13 +6,17 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils.html import format_html
 
+from campaigns.models import Campaign
 from core.admin import ReadOnlyAdmin
 from delivery.authentication import revoke_api_key
 from delivery.models import ApiKey, ApiKeyScope, EmailEvent, Message
 from delivery.selectors import feedback_rates_by_provider, provider_chains, provider_health
 from delivery.services import operator
 from delivery.services.operator import OperatorReport
+from delivery.services.test_sends import TEST_SEND_FLAG
 
 
 def _report(modeladmin: admin.ModelAdmin, request: HttpRequest, verb: str, report: OperatorReport) -> None:
@@ -60,17 +64,82 @@ class EmailEventInline(admin.TabularInline):
         return False
 
 
+class CampaignFilter(admin.SimpleListFilter):
+    """`?campaign=<id>`, the link on a campaign's page. Its choices are the latest campaigns (a
+    list of every campaign would be thousands of links), plus the one filtered on."""
+
+    title = "campaign"
+    parameter_name = "campaign"
+    field = "campaign_id"
+    shown = 15
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
+        chosen = self.value()
+        rows = list(Campaign.objects.order_by("-id").values_list("id", "name")[: self.shown])
+        if chosen and chosen.isdigit() and all(str(pk) != chosen for pk, _ in rows):
+            rows += list(Campaign.objects.filter(pk=int(chosen)).values_list("id", "name"))
+        return [(str(pk), f"{name} ({pk})") for pk, name in rows]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        chosen = self.value()
+        if not chosen:
+            return queryset
+        if not chosen.isdigit():
+            return queryset.none()
+        return queryset.filter(**{self.field: int(chosen)})
+
+
+class EventCampaignFilter(CampaignFilter):
+    field = "message__campaign_id"
+
+
+class TestSendFilter(admin.SimpleListFilter):
+    """Operators' test sends from the template page (delivery.services.test_sends)."""
+
+    title = "test send"
+    parameter_name = "test_send"
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
+        return [("yes", "Test sends"), ("no", "Not test sends")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        if self.value() == "yes":
+            return queryset.filter(context__has_key=TEST_SEND_FLAG)
+        if self.value() == "no":
+            return queryset.exclude(context__has_key=TEST_SEND_FLAG)
+        return queryset
+
+
 @admin.register(Message)
 class MessageAdmin(ReadOnlyAdmin):
     actions = [retry_failed_messages, cancel_messages]
     inlines = [EmailEventInline]
-    list_display = ("id", "to_email", "priority", "status", "provider", "attempts", "created_at", "sent_at")
-    list_filter = ("status", "priority", "provider")
+    list_display = (
+        "id", "to_email", "priority", "status", "provider", "attempts", "short_error", "campaign_link",
+        "created_at", "sent_at",
+    )  # fmt: skip
+    list_filter = ("status", "priority", "provider", CampaignFilter, TestSendFilter)
     search_fields = ("=to_email", "=provider_message_id")
     raw_id_fields = ("campaign", "contact", "template", "api_key")
     # Counting a table of millions on every page is the slow part of the changelist.
     show_full_result_count = False
     list_select_related = False
+
+    @admin.display(description="last error")
+    def short_error(self, message: Message) -> str:
+        error = message.last_error or ""
+        return error if len(error) <= 80 else f"{error[:79]}…"
+
+    @admin.display(description="campaign")
+    def campaign_link(self, message: Message) -> str:
+        if message.campaign_id is None:
+            return (
+                "test send"
+                if isinstance(message.context, dict) and TEST_SEND_FLAG in message.context
+                else "—"
+            )
+        url = reverse("admin:campaigns_campaign_change", args=[message.campaign_id])
+        return format_html('<a href="{}">{}</a>', url, message.campaign_id)
 
 
 @admin.register(EmailEvent)
@@ -78,7 +147,7 @@ class EmailEventAdmin(ReadOnlyAdmin):
     """History written by delivery.services.events (webhooks, DSNs, unsubscribe links)."""
 
     list_display = ("id", "kind", "bounce", "provider", "recipient", "message", "detail", "occurred_at")
-    list_filter = ("kind", "provider", "bounce")
+    list_filter = ("kind", "provider", "bounce", EventCampaignFilter)
     # `=recipient` is what the contact page links to (?recipient=…); lower-case, as stored.
     search_fields = ("=recipient", "=provider_event_id")
     raw_id_fields = ("message",)

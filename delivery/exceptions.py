@@ -73,3 +73,11 @@ class UnsupportedFeature(DeliveryError):
 
 class IdempotencyConflict(DeliveryError):
     """An Idempotency-Key was reused with a different request body."""
+
+
+class InvalidTestSend(DeliveryError):
+    """An operator's test send that cannot go out as asked; `errors` maps each field to why."""
+
+    def __init__(self, errors: dict[str, str]) -> None:
+        super().__init__("; ".join(f"{field}: {message}" for field, message in errors.items()))
+        self.errors = errors
