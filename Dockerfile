@@ -10,4 +10,6 @@ COPY . .
 # by WhiteNoise from the web process. collectstatic reads no database.
 RUN python manage.py collectstatic --noinput -v0
 RUN useradd --create-home emailhub
+# Prometheus multiprocess counts of every process (docker-compose.yml shares it as a volume).
+RUN install -d -o emailhub /var/lib/emailhub-metrics
 USER emailhub

@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 
 from celery import Celery
-from celery.signals import beat_init, task_prerun
+from celery.signals import beat_init, task_prerun, worker_process_shutdown
 from kombu import Exchange, Queue, pools
 
+from core.metrics_dir import mark_dead
 from emailhub.periodic import ensure_periodic_tasks  # models imported inside it, at call time
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "emailhub.settings")
@@ -45,6 +46,13 @@ def _fresh_database_connection(**_: object) -> None:
     from django.db import close_old_connections
 
     close_old_connections()
+
+
+@worker_process_shutdown.connect
+def _mark_metrics_process_dead(pid: int | None = None, **_: object) -> None:
+    # A prefork child leaving: its live gauges go, its counters stay summed (core/metrics_dir.py).
+    # A child killed outright never gets here; its counters are kept all the same.
+    mark_dead(pid or os.getpid())
 
 
 @beat_init.connect

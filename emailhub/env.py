@@ -7,6 +7,7 @@ production fails loudly instead of running with a silent fallback.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from urllib.parse import unquote, urlsplit
 
@@ -108,3 +109,19 @@ def env_redis_url(name: str, default: str) -> str:
             f"{name} must be a redis:// URL (e.g. redis://127.0.0.1:6379/0), got {url!r}"
         )
     return url
+
+
+def env_networks(name: str, default: list[str]) -> list[str]:
+    """Comma-separated CIDRs (`10.0.0.0/8,::1`, a bare address is a /32 or /128), each checked;
+    `none` for the empty list (an empty variable means the default, as everywhere here)."""
+    value = _raw(name)
+    if value is not None and value.lower() == "none":
+        return []
+    items = default if value is None else [part.strip() for part in value.split(",") if part.strip()]
+    networks = []
+    for item in items:
+        try:
+            networks.append(str(ipaddress.ip_network(item, strict=False)))
+        except ValueError:
+            raise ImproperlyConfigured(f"{name}: {item!r} is not an IP network (CIDR) or address") from None
+    return networks

@@ -10,6 +10,7 @@ from emailhub.env import (
     env_float,
     env_int,
     env_list,
+    env_networks,
     env_redis_url,
     env_str,
 )
@@ -260,6 +261,16 @@ EMAILHUB_RATE_MAX_WAIT_SECONDS = env_float("EMAILHUB_RATE_MAX_WAIT_SECONDS", 30.
 # bogus Retry-After cannot park a provider for a day.
 EMAILHUB_THROTTLE_DEFAULT_SECONDS = env_float("EMAILHUB_THROTTLE_DEFAULT_SECONDS", 60.0, minimum=0.1)
 EMAILHUB_THROTTLE_MAX_SECONDS = env_float("EMAILHUB_THROTTLE_MAX_SECONDS", 3600.0, minimum=0.1)
+
+# --- Metrics and readiness (emailhub/metrics.py, emailhub/health.py) ---------------------------
+
+# GET /metrics answers a client whose address is in EMAILHUB_METRICS_ALLOW (CIDRs; `none` for
+# no address) or that sends `Authorization: Bearer <EMAILHUB_METRICS_TOKEN>` (when set); anyone
+# else gets a bare 403. Behind a reverse proxy the address is the proxy's: use the token.
+EMAILHUB_METRICS_TOKEN = env_str("EMAILHUB_METRICS_TOKEN", "")
+EMAILHUB_METRICS_ALLOW = env_networks("EMAILHUB_METRICS_ALLOW", ["127.0.0.0/8", "::1/128"])
+# Each of /readyz's checks (PostgreSQL, Redis, the broker) gets this long; they run at once.
+EMAILHUB_READYZ_TIMEOUT_SECONDS = env_float("EMAILHUB_READYZ_TIMEOUT_SECONDS", 1.5, minimum=0.1)
 
 # --- REST API ---------------------------------------------------------------------------------
 

@@ -1,20 +1,14 @@
 from __future__ import annotations
 
 from django.contrib import admin
-from django.db import connection
-from django.http import HttpRequest, JsonResponse
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from campaigns.views import unsubscribe_view
 from delivery.admin import provider_health_view
 from delivery.tracking import views as tracking_views
-
-
-def healthz(request: HttpRequest) -> JsonResponse:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT 1")
-    return JsonResponse({"status": "ok"})
+from emailhub.health import healthz, readyz
+from emailhub.metrics import metrics_view
 
 
 urlpatterns = [
@@ -27,6 +21,9 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("healthz", healthz, name="healthz"),
+    path("readyz", readyz, name="readyz"),
+    # Prometheus: top level, not under /api/ (no API key: an address allow-list or its token).
+    path("metrics", metrics_view, name="metrics"),
     # RFC 8058 one-click unsubscribe: top level, not under /api/ (no key, no JSON).
     path("u/<str:token>", unsubscribe_view, name="unsubscribe"),
     # Open pixel and tracked links (delivery/tracking/): top level, no key, no database.

@@ -8,15 +8,19 @@ or killing it takes its children (gunicorn and Celery workers fork) with it.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from core.metrics_dir import MULTIPROC_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -26,7 +30,7 @@ PROCESSES: dict[str, list[str]] = {
     # it took tracking hits from 1,223 to ~2,700 hits/s (docs/delivery.md "Tracking").
     "web": [
         "gunicorn", "emailhub.wsgi", "--bind", "127.0.0.1:8000", "--workers", "2",
-        "--worker-class", "gthread", "--threads", "4",
+        "--worker-class", "gthread", "--threads", "4", "--config", "emailhub/gunicorn_conf.py",
     ],
     "worker-transactional": [
         "celery", "-A", "emailhub", "worker", "-Q", "critical,high,system",
@@ -119,6 +123,20 @@ class Stack:
     env: dict[str, str]
     log_dir: Path
     processes: dict[str, Process] = field(default_factory=dict)
+    # The Prometheus multiprocess directory every process of this stack shares, fresh and its
+    # own (core/metrics_dir.py): a test, a bench and the demo running at once on one machine
+    # never sum or wipe each other's counts. An env that names one keeps it.
+    metrics_dir: Path = field(init=False)
+    _own_metrics_dir: bool = field(init=False, default=False)
+
+    def __post_init__(self) -> None:
+        named = self.env.get(MULTIPROC_ENV)
+        if named:
+            self.metrics_dir = Path(named)
+        else:
+            self.metrics_dir = Path(tempfile.mkdtemp(prefix="emailhub-metrics-"))
+            self._own_metrics_dir = True
+            self.env = {**self.env, MULTIPROC_ENV: str(self.metrics_dir)}
 
     def start(
         self,
@@ -214,6 +232,8 @@ class Stack:
     def stop_all(self) -> None:
         for key in list(self.processes):
             self.stop(key)
+        if self._own_metrics_dir:
+            shutil.rmtree(self.metrics_dir, ignore_errors=True)
 
 
 @contextmanager

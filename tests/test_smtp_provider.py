@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from delivery.exceptions import ProviderUnavailable
+from delivery.exceptions import ProviderThrottled, ProviderUnavailable
 from delivery.providers.base import Outcome, OutgoingEmail
 from delivery.providers.smtp import SMTPProvider
 from delivery.testing.smtp_server import SMTPTestServer, free_port
@@ -100,3 +100,134 @@ def test_content_refused_after_data_fails_the_message_without_suppressing_the_ad
     smtp.reply_to_data("554 5.6.0 message content rejected")
     [result] = provider(smtp).send_batch([email(1)])
     assert result.outcome is Outcome.PERMANENT and result.suppress is False and "554" in result.error
+
+
+# --- PIPELINING (RFC 2920) ------------------------------------------------------------------
+
+
+def counting_writes(smtp_provider: SMTPProvider) -> list[bytes]:
+    """Open the provider's connection and record every write it makes from now on (the real
+    socket writes still happen: this only keeps a copy of what smtplib's send() was given)."""
+    connection = smtp_provider._connect()
+    connection.ehlo_or_helo_if_needed()
+    writes: list[bytes] = []
+    send = connection.send
+
+    def recording_send(data: bytes | str) -> None:
+        writes.append(data if isinstance(data, bytes) else data.encode())
+        send(data)
+
+    connection.send = recording_send  # type: ignore[method-assign]
+    return writes
+
+
+def test_pipelined_batch_makes_one_write_per_message(smtp: SMTPTestServer) -> None:
+    smtp_provider = provider(smtp)
+    writes = counting_writes(smtp_provider)
+    results = smtp_provider.send_batch([email(n) for n in range(1, 6)])
+    assert [r.outcome for r in results] == [Outcome.ACCEPTED] * 5
+    # Five groups of MAIL+RCPT+DATA (each after the previous content), then the last content.
+    assert len(writes) == 6
+    assert writes[0].startswith(b"MAIL FROM:<shop@example.com>\r\nRCPT TO:<user1@example.com>\r\nDATA\r\n")
+    assert writes[1].endswith(
+        b"\r\n.\r\nMAIL FROM:<shop@example.com>\r\nRCPT TO:<user2@example.com>\r\nDATA\r\n"
+    )
+    assert writes[-1].endswith(b"\r\n.\r\n") and b"MAIL FROM" not in writes[-1]
+    received = smtp.wait_for(5)
+    assert [m.rcpt_tos for m in received] == [[f"user{n}@example.com"] for n in range(1, 6)]
+    assert all(m.parsed().defects == [] for m in received)
+    assert [m.parsed()["Message-ID"].strip("<>") for m in received] == [
+        r.provider_message_id for r in results
+    ]
+
+
+def test_server_without_pipelining_gets_one_command_per_write() -> None:
+    with SMTPTestServer(pipelining=False) as server:
+        smtp_provider = provider(server)
+        writes = counting_writes(smtp_provider)
+        results = smtp_provider.send_batch([email(n) for n in range(1, 4)])
+        assert [r.outcome for r in results] == [Outcome.ACCEPTED] * 3
+        assert not any(w.startswith(b"MAIL") and b"RCPT" in w for w in writes)
+        assert server.wait_for(3) and server.count == 3
+        smtp_provider.close()
+
+
+@pytest.mark.parametrize("pipelining", [True, False], ids=["pipelined", "one-by-one"])
+def test_each_recipient_gets_its_own_outcome_in_a_mixed_batch(pipelining: bool) -> None:
+    with SMTPTestServer(pipelining=pipelining) as server:
+        server.reply_for("gone@example.com", "550 5.1.1 mailbox unavailable")
+        server.reply_for("busy@example.com", "451 4.3.0 try again later")
+        batch = [
+            email(1), email(2, "gone@example.com"), email(3), email(4, "busy@example.com"), email(5),
+            email(6, "bad local ü@example.com"),  # cannot be sent without SMTPUTF8: only itself fails
+            email(7),
+        ]  # fmt: skip
+        smtp_provider = provider(server)
+        results = smtp_provider.send_batch(batch)
+        outcomes = [r.outcome for r in results]
+        assert outcomes == [
+            Outcome.ACCEPTED, Outcome.PERMANENT, Outcome.ACCEPTED, Outcome.TRANSIENT, Outcome.ACCEPTED,
+            Outcome.PERMANENT, Outcome.ACCEPTED,
+        ]  # fmt: skip
+        assert "550" in results[1].error and results[1].suppress is True
+        assert "451" in results[3].error
+        assert "cannot be built" in results[5].error and results[5].suppress is False
+        received = server.wait_for(4)
+        assert [m.rcpt_tos for m in received] == [[f"user{n}@example.com"] for n in (1, 3, 5, 7)]
+        smtp_provider.close()
+
+
+def test_pipelined_content_refused_is_permanent_unsuppressed_and_the_next_message_still_goes() -> None:
+    with SMTPTestServer() as server:
+        smtp_provider = provider(server)
+        smtp_provider.send_batch([email(1)])
+        server.reply_to_data("554 5.6.0 message content rejected")
+        [refused] = smtp_provider.send_batch([email(2)])
+        server.reply_to_data(None)
+        [accepted] = smtp_provider.send_batch([email(3)])
+        assert refused.outcome is Outcome.PERMANENT and refused.suppress is False and "554" in refused.error
+        assert accepted.outcome is Outcome.ACCEPTED
+        assert [m.rcpt_tos for m in server.wait_for(2)] == [["user1@example.com"], ["user3@example.com"]]
+        smtp_provider.close()
+
+
+def test_pipelined_batch_survives_a_dropped_connection_and_sends_each_message_once(
+    smtp: SMTPTestServer,
+) -> None:
+    smtp_provider = provider(smtp)
+    smtp_provider.send_batch([email(1)])
+    smtp.drop_next_connections(1)  # the server closes on the next MAIL FROM
+    results = smtp_provider.send_batch([email(n) for n in range(2, 8)])
+    assert [r.outcome for r in results] == [Outcome.ACCEPTED] * 6
+    received = smtp.wait_for(7)
+    assert sorted(m.rcpt_tos[0] for m in received) == sorted(f"user{n}@example.com" for n in range(1, 8))
+    assert len({m.peer for m in received}) == 2  # the first connection, then one reconnect
+
+
+def test_pipelined_slow_down_mid_batch_keeps_what_was_accepted(smtp: SMTPTestServer) -> None:
+    smtp.reply_for("user3@example.com", "451 4.7.0 Too many messages, slow down")
+    with pytest.raises(ProviderThrottled) as caught:
+        provider(smtp).send_batch([email(n) for n in range(1, 6)])
+    partial = caught.value.partial
+    assert sorted(partial) == [1, 2] and all(r.outcome is Outcome.ACCEPTED for r in partial.values())
+    assert [m.rcpt_tos for m in smtp.wait_for(2)] == [["user1@example.com"], ["user2@example.com"]]
+
+
+def test_pipelined_batch_through_postfix_smtp_sink() -> None:
+    """The sink the benchmarks measure with (Postfix's smtp-sink, which offers PIPELINING)."""
+    from bench.smtp_sink import PostfixSink, SinkUnavailable
+
+    try:
+        sink = PostfixSink()
+        sink.start()
+    except SinkUnavailable as exc:
+        pytest.skip(f"Postfix smtp-sink not available: {exc}")
+    try:
+        smtp_provider = SMTPProvider(host=sink.host, port=sink.port, timeout=5)
+        assert smtp_provider._connect().ehlo()[0] == 250 and smtp_provider._connect().has_extn("pipelining")
+        results = smtp_provider.send_batch([email(n) for n in range(200)])
+        assert [r.outcome for r in results] == [Outcome.ACCEPTED] * 200
+        smtp_provider.close()
+        assert sink.count() == 200
+    finally:
+        sink.stop()

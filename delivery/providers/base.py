@@ -125,7 +125,7 @@ class Provider:
             except ProviderThrottled as exc:
                 # Rate limited part-way: what was accepted stays accepted; the gateway pauses
                 # the provider and reports the rest as not tried.
-                exc.partial = dict(results)
+                exc.partial = {**results, **exc.partial}  # a request's own part-way results too
                 raise
             except ProviderUnavailable as exc:
                 if not results:

@@ -43,6 +43,7 @@ from django.db import connection, transaction
 from campaigns.models import Suppression
 from campaigns.progress import move_feedback_counters
 from campaigns.suppressions import stronger, suppress
+from core import metrics
 from delivery.models import EmailEvent
 from delivery.services.transitions import record_first_engagement
 from delivery.tracking.classify import Hit, bursts, classify
@@ -160,10 +161,10 @@ WITH incoming AS (
       FROM resolved AS r
      ORDER BY r.n
     ON CONFLICT (provider, provider_event_id) WHERE provider_event_id IS NOT NULL DO NOTHING
-    RETURNING id, message_id, kind, recipient, bounce, detail, classification, occurred_at
+    RETURNING id, message_id, kind, recipient, bounce, detail, classification, occurred_at, provider
 )
 SELECT ins.id, ins.message_id, m.campaign_id, ins.kind, ins.recipient, ins.bounce, ins.detail,
-       ins.classification, ins.occurred_at
+       ins.classification, ins.occurred_at, ins.provider
   FROM inserted AS ins
   LEFT JOIN delivery_message AS m ON m.id = ins.message_id
 """
@@ -294,8 +295,14 @@ def record_events(events: Sequence[ProviderEvent]) -> RecordedEvents:
         new_ids = []
         opened: dict[int, datetime] = {}
         clicked: dict[int, datetime] = {}
-        for event_id, message_id, campaign_id, kind, recipient, bounce, detail, cls, at in inserted:
+        received: Counter[tuple[str, str, str]] = Counter((e.provider, e.kind, "duplicate") for e in batch)
+        engagement: Counter[tuple[str, str, str]] = Counter()
+        for event_id, message_id, campaign_id, kind, recipient, bounce, detail, cls, at, provider in inserted:
             new_ids.append(event_id)
+            received[(provider, kind, "duplicate")] -= 1
+            received[(provider, kind, "new")] += 1
+            if kind in ENGAGEMENT_KINDS:
+                engagement[(provider, kind, cls)] += 1
             if cls == EmailEvent.Classification.HUMAN and message_id is not None:
                 # A person's click is also an open: images may be blocked, the link was read.
                 opened[message_id] = min(at, opened.get(message_id, at))
@@ -331,6 +338,8 @@ def record_events(events: Sequence[ProviderEvent]) -> RecordedEvents:
             by_reason[reason].append((address, detail))
         for reason, addresses in sorted(by_reason.items()):
             suppress(addresses, reason)
+        # After the commit: a batch rolled back (and retried by the provider) counts once.
+        transaction.on_commit(lambda: metrics.count_events(received, engagement))
 
     new = len(inserted)
     return RecordedEvents(

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 
 import redis as redis_lib
 from django.conf import settings
 
+from core import metrics
 from delivery.breakers import CircuitOpen, guarded_call, seconds_until_probe
 from delivery.exceptions import ProviderThrottled
 from delivery.providers import OutgoingEmail, SendResult, get_provider
@@ -62,8 +64,16 @@ def send_via(name: str, emails: Sequence[OutgoingEmail], *, transactional: bool)
             raise ProviderSkipped("send-rate quota used up", QUOTA_WAIT_SECONDS)
     batch, later = list(emails[:allowed]), list(emails[allowed:])
     provider = get_provider(name)
+
+    def call() -> list[SendResult]:
+        started = time.perf_counter()
+        try:
+            return provider.send_batch(batch)
+        finally:  # failures too: a slow timeout is what the histogram is for
+            metrics.observe_provider_call(name, time.perf_counter() - started)
+
     try:
-        results = guarded_call(name, lambda: provider.send_batch(batch))
+        results = guarded_call(name, call)
     except CircuitOpen as exc:
         raise ProviderSkipped(str(exc), exc.retry_after) from exc
     except ProviderThrottled as exc:

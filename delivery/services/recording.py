@@ -4,6 +4,8 @@ Everything is written in one transaction: the message rows move through the stat
 (`transitions.record_outcomes`, every UPDATE conditional on the row still being `sending`), and
 the campaign counters (`campaigns.progress.move_counters`) are moved by exactly the rows that
 moved, so they never drift from the messages, whatever was redelivered or requeued meanwhile.
+The metrics (core.metrics) count the same moved rows, once per batch and after the commit, so
+`emailhub_emails_sent_total` never counts a row the database does not hold.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ from django.db import transaction
 from campaigns.models import Suppression
 from campaigns.progress import move_counters
 from campaigns.suppressions import suppress
+from core import metrics
 from core.schedule_index import index_after_commit, message_unit
-from delivery.services.transitions import Outcomes, record_outcomes
+from delivery.services.transitions import Outcomes, Recorded, record_outcomes
 
 
 def record(outcomes: Outcomes) -> None:
@@ -24,3 +27,9 @@ def record(outcomes: Outcomes) -> None:
             index_after_commit([(message_unit(i), due) for i, due in recorded.retrying])
         suppress(outcomes.bounced, Suppression.Reason.BOUNCED)
         move_counters(recorded.moved)
+        transaction.on_commit(lambda: _count(recorded))
+
+
+def _count(recorded: Recorded) -> None:
+    metrics.count_emails(recorded.counts)
+    metrics.observe_latencies(recorded.latencies)

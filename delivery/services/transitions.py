@@ -35,6 +35,7 @@ from campaigns.selectors import (
     suppressed_sql,
 )
 from campaigns.selectors import UNSUBSCRIBE_CONTEXT_FLAG as CONTEXT_FLAG
+from core.metrics import NO_PROVIDER
 from delivery.models import Message
 from delivery.services import send_events
 
@@ -292,6 +293,15 @@ class Recorded:
     moved: Moved = field(default_factory=Counter)
     # (id, due_at) of the rows now in retry_wait, for the schedule index.
     retrying: list[tuple[int, datetime]] = field(default_factory=list)
+    # For the metrics (core.metrics), of the rows really moved: (provider, priority, outcome)
+    # → count, and per priority the seconds from accept to provider acceptance of each sent one.
+    counts: Counter[tuple[str, str, str]] = field(default_factory=Counter)
+    latencies: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+
+
+# Accept, for the queue latency: the accept itself, or the due instant of a scheduled message
+# (or of its last retry: due_at is overwritten then, so a retried message counts from there).
+_ACCEPTED_AT_SQL = "greatest(m.created_at, coalesce(m.due_at, m.created_at))"
 
 
 def record_outcomes(outcomes: Outcomes) -> Recorded:
@@ -309,27 +319,34 @@ def record_outcomes(outcomes: Outcomes) -> Recorded:
                            provider_message_id = v.provider_message_id, last_error = NULL
                       FROM unnest(%s::bigint[], %s::text[]) AS v(id, provider_message_id)
                      WHERE m.id = v.id AND m.status = 'sending'
-                    RETURNING m.campaign_id
+                    RETURNING m.campaign_id, m.priority
                     """,
                     [provider, list(ids), list(provider_ids)],
                 )
-                _count(recorded.moved, db.fetchall(), "sent")
+                sent_rows = db.fetchall()
+                _count(recorded, sent_rows, "sent", provider)
+                for _, priority, seconds in sent_rows:
+                    recorded.latencies[priority].append(seconds)
         for status, rows in (("failed", outcomes.failed), ("suppressed", outcomes.suppressed)):
             if rows:
                 ids, errors = zip(*rows, strict=True)
                 db.execute(
-                    """
+                    f"""
                     UPDATE delivery_message AS m
                        SET status = %s, last_error = v.error
                       FROM unnest(%s::bigint[], %s::text[]) AS v(id, error)
                      WHERE m.id = v.id AND m.status = 'sending'
-                    RETURNING m.campaign_id
+                    RETURNING m.campaign_id, m.priority,
+                              extract(epoch FROM clock_timestamp() - {_ACCEPTED_AT_SQL})::float8
                     """,
                     [status, list(ids), list(errors)],
                 )
-                _count(recorded.moved, db.fetchall(), status)
+                _count(recorded, db.fetchall(), status)
         retried = []
-        for waiting, given_back in ((outcomes.retry, 0), (outcomes.deferred, 1)):
+        for waiting, given_back, outcome in (
+            (outcomes.retry, 0, "retried"),
+            (outcomes.deferred, 1, "deferred"),
+        ):
             if not waiting:
                 continue
             ids, due, errors = zip(*waiting, strict=True)
@@ -344,20 +361,39 @@ def record_outcomes(outcomes: Outcomes) -> Recorded:
                        attempts = GREATEST(m.attempts - %s, 0)
                   FROM unnest(%s::bigint[], %s::timestamptz[], %s::text[]) AS v(id, due_at, error)
                  WHERE m.id = v.id AND m.status = 'sending'
-                RETURNING m.id, m.campaign_id, m.status, m.due_at
+                RETURNING m.id, m.campaign_id, m.status, m.due_at, m.priority
                 """,
                 [given_back, list(ids), list(due), list(errors)],
             )
-            retried += db.fetchall()
-    _count(recorded.moved, [(c,) for _, c, status, _ in retried if status == "cancelled"], "cancelled")
-    recorded.retrying = [(i, d) for i, _, status, d in retried if status == "retry_wait"]
+            waited = db.fetchall()
+            retried += waited
+            for _, _, status, _, priority in waited:
+                recorded.counts[(NO_PROVIDER, priority, outcome if status == "retry_wait" else status)] += 1
+    _count(
+        recorded,
+        [(c, p) for _, c, status, _, p in retried if status == "cancelled"],
+        "cancelled",
+        metric=False,
+    )
+    recorded.retrying = [(i, d) for i, _, status, d, _ in retried if status == "retry_wait"]
     return recorded
 
 
-def _count(moved: Moved, rows: list[tuple[int | None]], status: str) -> None:
-    for (campaign_id,) in rows:
+def _count(
+    recorded: Recorded,
+    rows: Sequence[Sequence[Any]],
+    status: str,
+    provider: str = NO_PROVIDER,
+    *,
+    metric: bool = True,
+) -> None:
+    """Count rows (campaign id, priority, …) that reached `status`: per campaign for its counters,
+    per (provider, priority, status) for the metrics."""
+    for campaign_id, priority, *_ in rows:
         if campaign_id is not None:
-            moved[(campaign_id, status)] += 1
+            recorded.moved[(campaign_id, status)] += 1
+        if metric:
+            recorded.counts[(provider, priority, status)] += 1
 
 
 # --- sending → queued | failed after the lease (a dead worker's claim) -------------------------

@@ -31,14 +31,25 @@ class ReceivedMessage:
 
 
 class _Handler:
-    def __init__(self) -> None:
+    def __init__(self, pipelining: bool = True) -> None:
         self.lock = threading.Lock()
+        # Advertise PIPELINING (RFC 2920) in the EHLO reply, as Postfix does. aiosmtpd reads
+        # pipelined commands in order either way; the flag decides which client path is used.
+        self.pipelining = pipelining
         self.messages: list[ReceivedMessage] = []
         self.recipient_replies: dict[str, str] = {}
         self.reply_to_all: str | None = None
         self.mail_reply: str | None = None
         self.data_reply: str | None = None
         self.drop_connections = 0
+
+    async def handle_EHLO(
+        self, server: Any, session: Any, envelope: Any, hostname: str, responses: list[str]
+    ) -> list[str]:
+        session.host_name = hostname
+        if self.pipelining:
+            return [*responses[:-1], "250-PIPELINING", responses[-1]]
+        return responses
 
     async def handle_MAIL(self, server: Any, session: Any, envelope: Any, address: str, options: Any) -> str:
         with self.lock:
@@ -78,10 +89,10 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 class SMTPTestServer:
-    def __init__(self, host: str = "127.0.0.1", port: int | None = None) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int | None = None, *, pipelining: bool = True) -> None:
         self.host = host
         self.port = port or free_port(host)
-        self.handler = _Handler()
+        self.handler = _Handler(pipelining)
         self._controller = Controller(self.handler, hostname=host, port=self.port)
 
     def __enter__(self) -> SMTPTestServer:

@@ -25,6 +25,7 @@ from django.conf import settings
 from django.http.request import split_domain_port, validate_host
 from django.utils.encoding import iri_to_uri
 
+from core import metrics
 from delivery.tracking import hits
 from delivery.tracking.tokens import InvalidToken, read_click_token, read_open_token
 
@@ -47,10 +48,12 @@ def open_hit(token: str, user_agent: str, ip: str) -> None:
     try:
         message_id = read_open_token(token)
     except InvalidToken:
+        metrics.count_tracking_request("open", "unknown_token")
         return
-    hits.push(
+    queued = hits.push(
         hits.encode(hits.OPEN, message_id, link=None, url="", user_agent=user_agent, ip=ip, at=time.time())
     )
+    metrics.count_tracking_request("open", "queued" if queued else "not_queued")
 
 
 def click_hit(token: str, user_agent: str, ip: str) -> str | None:
@@ -58,8 +61,9 @@ def click_hit(token: str, user_agent: str, ip: str) -> str | None:
     try:
         target = read_click_token(token)
     except InvalidToken:
+        metrics.count_tracking_request("click", "unknown_token")
         return None
-    hits.push(
+    queued = hits.push(
         hits.encode(
             hits.CLICK,
             target.message_id,
@@ -70,6 +74,7 @@ def click_hit(token: str, user_agent: str, ip: str) -> str | None:
             at=time.time(),
         )
     )
+    metrics.count_tracking_request("click", "queued" if queued else "not_queued")
     return target.url
 
 

@@ -12,7 +12,16 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from delivery.webhooks import ForgedWebhook, InvalidWebhook, WebhookRequest, WebhookTooLarge, get_webhook
+from core import metrics
+from delivery.webhooks import (
+    ForgedWebhook,
+    InvalidWebhook,
+    Webhook,
+    WebhookRequest,
+    WebhookTooLarge,
+    WebhookUnavailable,
+    get_webhook,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +55,28 @@ class WebhookView(APIView):
         """A provider's event notification, authenticated by its signature on the raw body."""
         webhook = get_webhook(provider)
         if webhook is None:
+            metrics.count_webhook_request("unknown", "unknown_provider")  # the path is anyone's
             raise exceptions.NotFound(f"no webhook for provider {provider!r}")
+        try:
+            response = self._handle(request, webhook)
+        except WebhookTooLarge:
+            metrics.count_webhook_request(webhook.name, "too_large")
+            raise
+        except ForgedWebhook:
+            metrics.count_webhook_request(webhook.name, "forged")
+            raise
+        except InvalidWebhook:
+            metrics.count_webhook_request(webhook.name, "invalid")
+            raise
+        except WebhookUnavailable:
+            metrics.count_webhook_request(webhook.name, "unavailable")
+            raise
+        metrics.count_webhook_request(webhook.name, "accepted")
+        return response
+
+    def _handle(self, request: Request, webhook: Webhook) -> Response:
+        """Size checks, then the webhook's steps (delivery/webhooks/base.py)."""
+        provider = webhook.name
         limit = settings.EMAILHUB_WEBHOOK_MAX_BODY_BYTES
         try:
             declared = int(request.META.get("CONTENT_LENGTH") or 0)
