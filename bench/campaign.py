@@ -5,6 +5,8 @@ Run from the repository root, after `make test` has set up the services:
     .venv/bin/python bench/campaign.py [--runs 1] [--contacts 100000] [--critical-rate 10]
     .venv/bin/python bench/campaign.py --kill-fanout [--contacts 200000]
     .venv/bin/python bench/campaign.py --dkim [--runs 1] [--contacts 100000]
+    .venv/bin/python bench/campaign.py --compare [--runs 3] [--contacts 100000]
+    CELERY_BROKER_URL=amqp://guest:guest@127.0.0.1:5672// .venv/bin/python bench/campaign.py --compare
 
 Targets (the issue): >= 3,000 emails/s end to end (fan-out, render, SMTP to a local sink) and a
 p99 under 1 s for critical messages sent during the campaign.
@@ -56,6 +58,16 @@ EMAILHUB_DKIM_KEYS for the From domain of EMAILHUB_DEFAULT_FROM, which the bench
 from). Printed side by side; `campaign_dkim_ratio` is signed emails/s over unsigned (the issue's
 target: >= 0.9).
 
+--compare (issue 13): each run is a pair on the same N and a fresh Postfix smtp-sink each:
+the emailhub campaign as above, then django-post_office's `send_queued_mail --processes 2`
+(bench/post_office_ref.py: its own database, BATCH_SIZE 1000, the same template rendered at
+delivery). `campaign_ratio` is the median of the runs' emailhub / post_office emails/s (the
+issue's target: >= 2.5).
+
+Broker: CELERY_BROKER_URL from the environment (default: the bench's Redis database). For
+RabbitMQ (amqp://…) the bench creates a throwaway vhost with `rabbitmqctl`, points every process
+at it, purges its queues before each run and deletes it at the end.
+
 The last lines are medians across runs (`campaign_kill_fanout_*` in that mode), `name: value unit`.
 """
 
@@ -64,6 +76,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -74,6 +87,7 @@ from collections import Counter
 from pathlib import Path
 from statistics import median
 from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -81,7 +95,7 @@ sys.path.insert(0, str(ROOT))
 import requests  # noqa: E402
 from django.db import connection  # noqa: E402
 
-from bench import fanout  # noqa: E402
+from bench import fanout, post_office_ref  # noqa: E402
 from bench.fanout import bench_template, ensure_audience  # noqa: E402
 from bench.smtp_sink import PostfixSink, SinkUnavailable, free_port  # noqa: E402
 from bench.transactional import message_body, percentile, post_messages, wait_until_sent  # noqa: E402
@@ -104,6 +118,56 @@ def setup() -> tuple[dict[str, str], str]:
 
 def reset_state() -> None:
     fanout.reset_state(REDIS_URL)
+    if _VHOST is not None:  # Redis was the broker's store otherwise: flushed above
+        _purge_vhost(_VHOST)
+
+
+# --- RabbitMQ: a throwaway vhost ---------------------------------------------------------------
+
+_VHOST: str | None = None
+
+
+def _rabbitmqctl(*argv: str) -> str:
+    done = subprocess.run(["rabbitmqctl", "-q", *argv], capture_output=True, text=True, timeout=60)
+    if done.returncode != 0:
+        raise RuntimeError(f"rabbitmqctl {' '.join(argv)} failed: {done.stderr.strip()[-500:]}")
+    return done.stdout
+
+
+def _purge_vhost(vhost: str) -> None:
+    for line in _rabbitmqctl("list_queues", "-p", vhost, "--no-table-headers", "name").splitlines():
+        if line.strip():
+            _rabbitmqctl("purge_queue", "-p", vhost, line.strip())
+
+
+def open_broker() -> str:
+    """The broker every process of this run uses. For amqp:// a vhost of our own is created and
+    CELERY_BROKER_URL rewritten to it (before Django reads it); close_broker() deletes it."""
+    global _VHOST
+    url = os.environ.get("CELERY_BROKER_URL") or ""
+    if not url.startswith(("amqp://", "pyamqp://")):
+        return url or REDIS_URL
+    if shutil.which("rabbitmqctl") is None:
+        print(
+            "rabbitmqctl not found: using the vhost of CELERY_BROKER_URL, purged before each run", flush=True
+        )
+        parts = urlsplit(url)
+        _VHOST = unquote(parts.path[1:]) or "/"
+        return url
+    parts = urlsplit(url)
+    vhost = f"emailhub-bench-campaign-{os.getpid()}"
+    _rabbitmqctl("add_vhost", vhost)
+    _VHOST = vhost
+    _rabbitmqctl("set_permissions", "-p", vhost, unquote(parts.username or "guest"), ".*", ".*", ".*")
+    os.environ["CELERY_BROKER_URL"] = urlunsplit(parts._replace(path=f"/{vhost}"))
+    return os.environ["CELERY_BROKER_URL"]
+
+
+def close_broker() -> None:
+    global _VHOST
+    if _VHOST is not None and _VHOST.startswith("emailhub-bench-campaign-"):
+        _rabbitmqctl("delete_vhost", _VHOST)
+    _VHOST = None
 
 
 # --- processes: memory and CPU from /proc ------------------------------------------------------
@@ -571,7 +635,9 @@ def main_campaign(args: argparse.Namespace, env: dict[str, str], api_key: str) -
         f"variables), critical messages at {args.critical_rate}/s meanwhile",
         flush=True,
     )
-    runs = []
+    runs, references = [], []
+    if args.compare:
+        post_office_ref.prepare()
     for number in range(1, args.runs + 1):
         r = campaign_run(args, env, api_key, audience, number)
         runs.append(r)
@@ -593,6 +659,17 @@ def main_campaign(args: argparse.Namespace, env: dict[str, str], api_key: str) -
         )
         if r["profile"]:
             print(r["profile"], flush=True)
+        if args.compare:
+            with PostfixSink() as sink:
+                ref = post_office_ref.run(r["sent"], sink)
+            references.append(ref)
+            print(
+                f"  post_office (load average {ref['load']:.2f} at start): {ref['sent']:,} emails in "
+                f"{ref['elapsed']:.1f} s = {ref['emails_per_s']:,.0f} emails/s (send_queued_mail "
+                f"--processes 2, {ref['cpu']:.1f} CPU s); sink received them all; ratio "
+                f"{r['emails_per_s'] / ref['emails_per_s']:.2f}",
+                flush=True,
+            )
     emails = median(r["emails_per_s"] for r in runs)
     p99 = median(r["critical_p99"] for r in runs)
     print(
@@ -601,6 +678,13 @@ def main_campaign(args: argparse.Namespace, env: dict[str, str], api_key: str) -
     )
     for key, unit, fmt in CAMPAIGN_METRICS:
         print(f"campaign_{key}: {fmt.format(median(r[key] for r in runs))} {unit}")
+    if references:
+        ratio = median(
+            r["emails_per_s"] / ref["emails_per_s"] for r, ref in zip(runs, references, strict=True)
+        )
+        print(f"campaign ratio to django-post_office {'meets' if ratio >= 2.5 else 'MISSES'} >= 2.5")
+        print(f"post_office_emails_per_s: {median(ref['emails_per_s'] for ref in references):.0f} emails/s")
+        print(f"campaign_ratio: {ratio:.2f}")
     return 0
 
 
@@ -751,6 +835,9 @@ def main() -> int:
     parser.add_argument("--profile", action="store_true", help="py-spy the bulk worker's children")
     parser.add_argument("--kill-fanout", action="store_true", help="the SIGKILL-half-way scenario")
     parser.add_argument("--dkim", action="store_true", help="each run unsigned and DKIM-signed, side by side")
+    parser.add_argument(
+        "--compare", action="store_true", help="each run also django-post_office on the same sink and N"
+    )
     parser.add_argument("--kill-step", type=int, default=2000, help="fan-out step of the worker killed")
     parser.add_argument(
         "--kill-delay",
@@ -761,7 +848,13 @@ def main() -> int:
     args = parser.parse_args()
     # SIGTERM ends the script through the same `finally` blocks as Ctrl-C: nothing is left running.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    env, api_key = setup()
+    broker = open_broker()
+    try:
+        env, api_key = setup()
+    except BaseException:
+        close_broker()
+        raise
+    print(f"broker: {re.sub(r'//[^@/]*@', '//', broker)}", flush=True)
     try:
         if args.kill_fanout:
             return main_kill(args, env)
@@ -770,7 +863,10 @@ def main() -> int:
         print(f"Postfix smtp-sink is not available: {exc}", file=sys.stderr)
         return 2
     finally:
-        reset_state()  # no 100,000 message rows nor queued tasks left behind
+        try:
+            reset_state()  # no 100,000 message rows nor queued tasks left behind
+        finally:
+            close_broker()
 
 
 if __name__ == "__main__":

@@ -21,7 +21,8 @@ def bench_env(database: str, redis_url: str, **extra: str) -> dict[str, str]:
         "DJANGO_SETTINGS_MODULE": "emailhub.settings",
         "DATABASE_URL": urlunsplit(base._replace(path=f"/{database}")),
         "REDIS_URL": redis_url,
-        "CELERY_BROKER_URL": redis_url,
+        # The broker named in the environment (RabbitMQ: amqp://…), else the bench's Redis database.
+        "CELERY_BROKER_URL": os.environ.get("CELERY_BROKER_URL") or redis_url,
         **extra,
     }
 
