@@ -10,7 +10,6 @@ from delivery.tracking import views as tracking_views
 from emailhub.health import healthz, readyz
 from emailhub.metrics import metrics_view
 
-
 urlpatterns = [
     path("admin/providers/", admin.site.admin_view(provider_health_view), name="admin-provider-health"),
     path("admin/", admin.site.urls),
