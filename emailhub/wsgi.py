@@ -9,8 +9,11 @@ django_application = get_wsgi_application()
 
 # Imported after Django is set up (get_wsgi_application), as the tracking modules read settings.
 from delivery.tracking.serve import TrackingFastPath  # noqa: E402
+from emailhub import db_health  # noqa: E402
 
 # Open pixels and tracked links are answered before Django's middleware (see
 # delivery/tracking/serve.py: the same functions as the views, no session, no database);
 # everything else is Django's.
 application = TrackingFastPath(django_application)
+# A connection health check at most once a second per connection (emailhub/db_health.py).
+db_health.install()

@@ -8,6 +8,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from delivery.api.serializer_cache import represented, validated
 from delivery.api.serializers import (
     EmailEventSerializer,
     EventFilterSerializer,
@@ -53,9 +54,7 @@ class MessageListView(mixins.ListModelMixin, generics.GenericAPIView):
                 {IDEMPOTENCY_HEADER: ["must be between 1 and 255 characters"]},
                 status=status.HTTP_400_BAD_REQUEST,
             )
-        serializer = MessageCreateSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        data = serializer.validated_data
+        data = validated(MessageCreateSerializer, request.data)
         new = NewMessage(
             to=data["to"],
             priority=data["priority"],
@@ -80,7 +79,7 @@ class MessageListView(mixins.ListModelMixin, generics.GenericAPIView):
             )
         except IdempotencyConflict as exc:
             return Response({IDEMPOTENCY_HEADER: [str(exc)]}, status=status.HTTP_422_UNPROCESSABLE_ENTITY)
-        response = Response(MessageSerializer(message).data, status=status.HTTP_202_ACCEPTED)
+        response = Response(represented(MessageSerializer, message), status=status.HTTP_202_ACCEPTED)
         if not created:
             response["Idempotent-Replayed"] = "true"
         return response

@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from campaigns.models import Template
@@ -89,22 +89,37 @@ def accept_message(
         idempotency_key=idempotency_key,
         request_fingerprint=fingerprint if idempotency_key else None,
     )
-    with transaction.atomic():
-        try:
+    try:
+        if connection.in_atomic_block:
+            # Inside the caller's transaction a duplicate key must not break it: a savepoint.
             with transaction.atomic():
-                transitions.insert(message)
-        except IntegrityError:
-            if not idempotency_key:
-                raise
-            existing = Message.objects.get(api_key=api_key, idempotency_key=idempotency_key)
-            if existing.request_fingerprint != fingerprint:
-                raise IdempotencyConflict(
-                    "this Idempotency-Key was already used with a different request body"
-                ) from None
-            return existing, False
-        if scheduled:
-            assert new.send_at is not None  # `scheduled` means send_at is in the future
-            index_after_commit([(message_unit(message.pk), new.send_at)])
+                _insert(message, scheduled)
         else:
-            send_events.record_send([message.pk], message.priority)
+            # Outside one (a web request), the INSERT and its outbox event are one statement
+            # in autocommit: its own transaction, no BEGIN, SAVEPOINT or COMMIT round trips.
+            # A duplicate idempotency key waits on the unique index for the other request's
+            # commit, then fails, and the row it read is the winner's committed one.
+            _insert(message, scheduled)
+    except IntegrityError:
+        if not idempotency_key:
+            raise
+        existing = Message.objects.get(api_key=api_key, idempotency_key=idempotency_key)
+        if existing.request_fingerprint != fingerprint:
+            raise IdempotencyConflict(
+                "this Idempotency-Key was already used with a different request body"
+            ) from None
+        return existing, False
     return message, True
+
+
+def _insert(message: Message, scheduled: bool) -> None:
+    """The message row with, in the same statement, its send task's outbox event (published
+    after commit); a scheduled one instead goes to the schedule index after commit."""
+    if scheduled:
+        transitions.insert(message)
+        assert message.due_at is not None  # `scheduled` means send_at is in the future
+        index_after_commit([(message_unit(message.pk), message.due_at)])
+    else:
+        transitions.insert(
+            message, run=lambda sql, params: send_events.insert_with_send(sql, params, message.priority)
+        )

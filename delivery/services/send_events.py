@@ -6,8 +6,9 @@ Registered with core.outbox from DeliveryConfig.ready; every app that moves mess
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from concurrent.futures import Executor
+from typing import Any
 
 from django.conf import settings
 
@@ -50,3 +51,15 @@ def record_sends_by_priority(rows: Iterable[tuple[int, str]]) -> None:
         by_priority.setdefault(priority, []).append(message_id)
     for priority, ids in by_priority.items():
         record_sends(ids, priority, settings.EMAILHUB_BATCH_SIZES[priority])
+
+
+def insert_with_send(statement: str, params: Sequence[Any], priority: str) -> tuple[Any, ...]:
+    """Run an `INSERT … RETURNING id, …` of one message and record its send task in the same
+    statement (core.outbox.insert_with_event); the payload is record_send's."""
+    return outbox.insert_with_event(
+        statement,
+        params,
+        SEND_MESSAGES,
+        "jsonb_build_object('ids', jsonb_build_array(inserted.id), 'priority', %s::text)",
+        [priority],
+    )

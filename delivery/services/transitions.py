@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from django.db import connection, transaction
+from django.db.models.sql import InsertQuery
 
 from campaigns.selectors import (
     AUDIENCE_STEP_CTES,
@@ -42,9 +43,29 @@ from delivery.services import send_events
 # --- accept -------------------------------------------------------------------------------------
 
 
-def insert(message: Message) -> None:
-    """A new transactional message (`queued`, or `scheduled` with a future `due_at`)."""
-    message.save(force_insert=True)
+def insert(message: Message, *, run: Callable[[str, Sequence[Any]], tuple[Any, ...]] | None = None) -> None:
+    """A new transactional message (`queued`, or `scheduled` with a future `due_at`): one INSERT.
+
+    `run` executes the `INSERT … RETURNING` in place of a plain cursor: accepting a message runs
+    it inside the statement that also records its send task (send_events.insert_with_send).
+    The SQL is Django's own for `message.save(force_insert=True)` (no signal listens to it).
+    """
+    meta = Message._meta
+    fields = [f for f in meta.local_concrete_fields if f is not meta.auto_field and not f.generated]
+    query = InsertQuery(Message)
+    query.insert_values(fields, [message])
+    compiler = query.get_compiler(connection=connection)
+    compiler.returning_fields = meta.db_returning_fields
+    [(sql, params)] = compiler.as_sql()
+    if run is None:
+        with connection.cursor() as db:
+            db.execute(sql, params)
+            row = db.fetchone()
+    else:
+        row = run(sql, params)
+    for value, returned in zip(row, meta.db_returning_fields, strict=True):
+        setattr(message, returned.attname, value)
+    message._state.adding, message._state.db = False, connection.alias
 
 
 # --- materialise a campaign's messages (fan-out) ------------------------------------------------
