@@ -274,6 +274,7 @@ class CampaignAdmin(CampaignWorkflows):
         "bounce_rate",
         "complaint_rate",
         "created_at",
+        "links",
     )
     list_filter = (ArchivedFilter, "status", "priority", "schedule_type")
     search_fields = ("name",)
@@ -287,6 +288,7 @@ class CampaignAdmin(CampaignWorkflows):
         "bounce_rate",
         "complaint_rate",
         "engagement",
+        "links",
     )
 
     def get_readonly_fields(self, request: HttpRequest, obj: Campaign | None = None) -> tuple[str, ...]:

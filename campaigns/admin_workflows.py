@@ -357,6 +357,15 @@ CAMPAIGN_BUTTONS = {
 }
 
 
+def campaign_links(campaign: Campaign) -> tuple[str, str]:
+    """The message list and the event list filtered on this campaign (delivery's admin filters)."""
+    query = f"?campaign={campaign.pk}"
+    return (
+        reverse("admin:delivery_message_changelist") + query,
+        reverse("admin:delivery_emailevent_changelist") + query,
+    )
+
+
 class CampaignWorkflows(admin.ModelAdmin):
     """The Schedule… page and the pause/resume/cancel buttons of a campaign's page."""
 
@@ -376,6 +385,16 @@ class CampaignWorkflows(admin.ModelAdmin):
             ),
             *super().get_urls(),
         ]
+
+    @admin.display(description="messages and events")
+    def links(self, campaign: Campaign) -> str:
+        if campaign.pk is None:
+            return "—"
+        messages_url, events_url = campaign_links(campaign)
+        return format_html(
+            '<a class="campaign-messages" href="{}">messages</a> · <a class="campaign-events" href="{}">events</a>',
+            messages_url, events_url,
+        )  # fmt: skip
 
     def _may_operate(self, request: HttpRequest) -> None:
         if not request.user.has_perm("campaigns.change_campaign"):
@@ -398,8 +417,8 @@ class CampaignWorkflows(admin.ModelAdmin):
                     if campaign.status in states
                 ],
                 may_schedule=campaign.status == Campaign.Status.DRAFT,
-                messages_url=reverse("admin:delivery_message_changelist") + f"?campaign={campaign.pk}",
-                events_url=reverse("admin:delivery_emailevent_changelist") + f"?campaign={campaign.pk}",
+                messages_url=campaign_links(campaign)[0],
+                events_url=campaign_links(campaign)[1],
             )
         return super().change_view(request, object_id, form_url, extra)
 

@@ -322,6 +322,8 @@ def test_a_campaigns_messages_and_events_are_one_click_from_its_page(
     assert (
         f'href="{messages_url}"' in page.content.decode() and f'href="{events_url}"' in page.content.decode()
     )
+    listing = admin_client.get(reverse("admin:campaigns_campaign_changelist")).content.decode()
+    assert f'<a class="campaign-messages" href="{messages_url}">' in listing
 
     listed = admin_client.get(messages_url).content.decode()
     assert "ann@example.com" in listed and "bob@example.com" not in listed
