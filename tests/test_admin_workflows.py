@@ -440,3 +440,10 @@ def test_a_test_send_needs_the_add_message_permission(client: Client, template: 
     url = reverse("admin:campaigns_template_test_send", args=[template.pk])
     assert client.post(url, {"to": "qa@example.com", "priority": "high"}).status_code == 403
     assert not Message.objects.exists()
+
+
+def test_an_api_client_cannot_mark_its_message_as_an_admin_test_send(api: APIClient) -> None:
+    body = {"to": "a@example.com", "subject": "s", "text": "t", "context": {TEST_SEND_FLAG: "me"}}
+    response = api.post("/api/v1/messages", body, format="json")
+    assert response.status_code == 400 and TEST_SEND_FLAG in response.content.decode()
+    assert not Message.objects.exists()

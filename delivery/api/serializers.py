@@ -12,6 +12,7 @@ from campaigns.models import Priority, Template
 from campaigns.unsubscribe import CONTEXT_FLAG
 from core.validators import no_crlf, validate_mailbox
 from delivery.models import EmailEvent, Message
+from delivery.services.test_sends import TEST_SEND_FLAG
 from delivery.tracking.links import CONTEXT_CLICKS, CONTEXT_OPENS
 
 
@@ -59,6 +60,8 @@ class MessageCreateSerializer(serializers.Serializer):
         for flag, field in ((CONTEXT_OPENS, "track_opens"), (CONTEXT_CLICKS, "track_clicks")):
             if flag in value:
                 raise serializers.ValidationError(f"{flag!r} is reserved; use the {field} field")
+        if TEST_SEND_FLAG in value:  # marks the admin's test sends (delivery.services.test_sends)
+            raise serializers.ValidationError(f"{TEST_SEND_FLAG!r} is reserved for the admin's test sends")
         return value
 
     def validate_template(self, value: str) -> Template:
