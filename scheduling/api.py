@@ -57,6 +57,41 @@ class RecurringScheduleDetail(generics.RetrieveUpdateDestroyAPIView):
     serializer_class = RecurringScheduleSerializer
 
 
+class QueueCountsSerializer(serializers.Serializer):
+    pending = serializers.IntegerField(help_text="queued, plus due but not yet dispatched")
+    processing = serializers.IntegerField(help_text="sending")
+
+
+class QueueSnapshotSerializer(serializers.Serializer):
+    """Messages per priority (scheduling.selectors.queue_snapshot)."""
+
+    critical = QueueCountsSerializer()
+    high = QueueCountsSerializer()
+    normal = QueueCountsSerializer()
+    low = QueueCountsSerializer()
+
+
+class ScheduleRowSerializer(serializers.Serializer):
+    id = serializers.CharField(help_text="`recurring-<id>` or `campaign-<id>`")
+    campaign_id = serializers.IntegerField(allow_null=True)
+    type = serializers.ChoiceField(choices=["recurring", "scheduled"])
+    cron = serializers.CharField(allow_null=True)
+    timezone = serializers.CharField(allow_null=True)
+    scheduled_at = serializers.DateTimeField(allow_null=True)
+    next_run = serializers.DateTimeField(allow_null=True)
+    last_run = serializers.DateTimeField(allow_null=True)
+    status = serializers.CharField(help_text="active/inactive (recurring), else the campaign's status")
+    pending_count = serializers.IntegerField()
+
+
+class ScheduleDashboardSerializer(serializers.Serializer):
+    count = serializers.IntegerField()
+    page = serializers.IntegerField()
+    page_size = serializers.IntegerField()
+    schedules = ScheduleRowSerializer(many=True)
+    queue_snapshot = QueueSnapshotSerializer()
+
+
 class ScheduleDashboard(APIView):
     """Schedules (recurring and one-off) with next/last run and pending messages, and a snapshot
     of every priority queue in messages: pending (`queued`, plus due but not yet dispatched)
@@ -65,11 +100,13 @@ class ScheduleDashboard(APIView):
     @extend_schema(
         parameters=[
             OpenApiParameter("type", str, enum=["recurring", "scheduled"]),
-            OpenApiParameter("status", str),
-            OpenApiParameter("page", int),
-            OpenApiParameter("page_size", int),
+            OpenApiParameter(
+                "status", str, description="active or inactive (recurring), a campaign status (scheduled)"
+            ),
+            OpenApiParameter("page", {"type": "integer", "minimum": 1, "default": 1}),
+            OpenApiParameter("page_size", {"type": "integer", "minimum": 1, "maximum": 500, "default": 50}),
         ],
-        responses={200: dict},
+        responses={200: ScheduleDashboardSerializer},
     )
     def get(self, request: Request) -> Response:
         kind = request.query_params.get("type")

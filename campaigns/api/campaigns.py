@@ -8,7 +8,13 @@ from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db.models import ProtectedError
 from django.shortcuts import get_object_or_404
 from django.urls import path
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import (
+    PolymorphicProxySerializer,
+    extend_schema,
+    extend_schema_field,
+    extend_schema_view,
+    inline_serializer,
+)
 from rest_framework import generics, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -19,6 +25,7 @@ from campaigns.exceptions import CampaignStateError, InvalidSchedule
 from campaigns.models import Campaign, Contact, ContactList, Template
 from campaigns.reporting import campaign_report
 from campaigns.services import compile_template, contact_context
+from core.api_schema import error_response
 from core.validators import validate_mailbox
 
 
@@ -39,6 +46,20 @@ class TemplateSerializer(serializers.ModelSerializer):
         if not isinstance(attrs.get("defaults", {}), dict):
             raise serializers.ValidationError({"defaults": "must be an object of variable: value"})
         return attrs
+
+
+class ProgressSerializer(serializers.Serializer):
+    """A campaign's counters (campaigns.progress), as `progress` shows them."""
+
+    total = serializers.IntegerField(help_text="messages fanned out so far (the audience once done)")
+    queued = serializers.IntegerField()
+    sent = serializers.IntegerField()
+    failed = serializers.IntegerField()
+    suppressed = serializers.IntegerField()
+    cancelled = serializers.IntegerField()
+    excluded = serializers.IntegerField(help_text="list members left out (suppressed, unsubscribed)")
+    fanout_done = serializers.BooleanField()
+    percent_done = serializers.FloatField(min_value=0, max_value=100)
 
 
 class CampaignSerializer(serializers.ModelSerializer):
@@ -70,6 +91,7 @@ class CampaignSerializer(serializers.ModelSerializer):
             "completed_at",
         ]
 
+    @extend_schema_field(ProgressSerializer)
     def get_progress(self, campaign: Campaign) -> dict[str, Any]:
         return {
             "total": campaign.total_count,
@@ -117,6 +139,56 @@ class ScheduleSerializer(serializers.Serializer):
         return attrs
 
 
+def _schedule_variant(
+    name: str, schedule_type: str, **fields: serializers.Field
+) -> type[serializers.Serializer]:
+    fields = {"type": serializers.ChoiceField(choices=[schedule_type]), **fields}
+    return type(name, (serializers.Serializer,), fields)
+
+
+# The body of POST …/schedule as the docs show it: one shape per `type` (a discriminated oneOf).
+# ScheduleSerializer and lifecycle.check_schedule are what validate it.
+SCHEDULE_REQUEST = PolymorphicProxySerializer(
+    component_name="ScheduleRequest",
+    resource_type_field_name="type",
+    serializers=[
+        _schedule_variant("ScheduleImmediate", "immediate"),
+        _schedule_variant(
+            "ScheduleAt", "at", scheduled_at=serializers.DateTimeField(help_text="a future instant")
+        ),
+        _schedule_variant(
+            "ScheduleLocalTime",
+            "local_time",
+            local_date=serializers.DateField(),
+            local_time=serializers.TimeField(help_text="wall time in each recipient's timezone"),
+            past_time_policy=serializers.ChoiceField(
+                choices=Campaign.PastTimePolicy.choices,
+                required=False,
+                help_text="for recipients whose local time has passed (default next_day)",
+            ),
+        ),
+        _schedule_variant(
+            "ScheduleOptimized",
+            "optimized",
+            window_start=serializers.DateTimeField(required=False, help_text="default: now"),
+            window_hours=serializers.IntegerField(
+                required=False, min_value=lifecycle.WINDOW_HOURS[0], max_value=lifecycle.WINDOW_HOURS[1]
+            ),
+            holdout_percent=serializers.IntegerField(
+                required=False,
+                min_value=lifecycle.HOLDOUT_PERCENT[0],
+                max_value=lifecycle.HOLDOUT_PERCENT[1],
+            ),
+        ),
+    ],
+)
+
+# The 409 of every state change on a campaign.
+CAMPAIGN_STATE_CONFLICT = error_response(
+    409, "the campaign's status does not allow this (the message says which)"
+)
+
+
 def _conflict(exc: Exception) -> Response:
     return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
 
@@ -126,6 +198,11 @@ class TemplateList(generics.ListCreateAPIView):
     serializer_class = TemplateSerializer
 
 
+@extend_schema_view(
+    delete=extend_schema(
+        responses={204: None, 409: error_response(409, "campaigns or messages use this template")}
+    )
+)
 class TemplateDetail(generics.RetrieveUpdateDestroyAPIView):
     queryset = Template.objects.all()
     serializer_class = TemplateSerializer
@@ -145,7 +222,19 @@ class PreviewSerializer(serializers.Serializer):
 class TemplatePreview(APIView):
     """Render a template for one contact (`contact` id) or an ad-hoc `context`."""
 
-    @extend_schema(request=PreviewSerializer, responses={200: dict})
+    @extend_schema(
+        request=PreviewSerializer,
+        responses={
+            200: inline_serializer(
+                "PreviewResult",
+                {
+                    "subject": serializers.CharField(),
+                    "html": serializers.CharField(allow_null=True),
+                    "text": serializers.CharField(allow_null=True),
+                },
+            )
+        },
+    )
     def post(self, request: Request, pk: int) -> Response:
         template = get_object_or_404(Template, pk=pk)
         params = PreviewSerializer(data=request.data)
@@ -166,6 +255,10 @@ class CampaignList(generics.ListCreateAPIView):
     serializer_class = CampaignSerializer
 
 
+@extend_schema_view(
+    put=extend_schema(responses={200: CampaignSerializer, 409: CAMPAIGN_STATE_CONFLICT}),
+    patch=extend_schema(responses={200: CampaignSerializer, 409: CAMPAIGN_STATE_CONFLICT}),
+)
 class CampaignDetail(generics.RetrieveUpdateAPIView):
     queryset = Campaign.objects.select_related("template")
     serializer_class = CampaignSerializer
@@ -178,11 +271,11 @@ class CampaignDetail(generics.RetrieveUpdateAPIView):
 
 
 class CampaignAction(APIView):
-    """`POST …/schedule|pause|resume|cancel`: 200 with the campaign, 409 from the wrong state."""
+    """`POST …/pause|resume|cancel` (no body): 200 with the campaign, 409 from the wrong state."""
 
     action = ""
 
-    @extend_schema(request=ScheduleSerializer, responses={200: CampaignSerializer})
+    @extend_schema(request=None, responses={200: CampaignSerializer, 409: CAMPAIGN_STATE_CONFLICT})
     def post(self, request: Request, pk: int) -> Response:
         get_object_or_404(Campaign, pk=pk)
         try:
@@ -208,12 +301,86 @@ class CampaignAction(APIView):
         return Response(CampaignSerializer(campaign).data)
 
 
+class CampaignSchedule(CampaignAction):
+    """`POST …/schedule`: 200 with the campaign, 400 naming the field, 409 unless a draft."""
+
+    action = "schedule"
+
+    @extend_schema(
+        request=SCHEDULE_REQUEST, responses={200: CampaignSerializer, 409: CAMPAIGN_STATE_CONFLICT}
+    )
+    def post(self, request: Request, pk: int) -> Response:
+        return super().post(request, pk)
+
+
+class ReportHitsSerializer(serializers.Serializer):
+    """Tracking hits by who made them (`unclassified`: recorded before classification existed)."""
+
+    human = serializers.IntegerField()
+    machine = serializers.IntegerField()
+    proxy = serializers.IntegerField()
+    bot = serializers.IntegerField()
+    scanner = serializers.IntegerField()
+    unclassified = serializers.IntegerField()
+
+
+class ReportGroupSerializer(serializers.Serializer):
+    sent = serializers.IntegerField()
+    opened = serializers.IntegerField()
+    open_rate = serializers.FloatField(allow_null=True)
+    clicked = serializers.IntegerField()
+    click_rate = serializers.FloatField(allow_null=True)
+
+
+def _interval(help_text: str) -> serializers.ListField:
+    return serializers.ListField(
+        child=serializers.FloatField(), min_length=2, max_length=2, allow_null=True, help_text=help_text
+    )
+
+
+class ReportRateLiftSerializer(serializers.Serializer):
+    difference = serializers.FloatField(allow_null=True, help_text="optimized rate minus holdout rate")
+    difference_ci95 = _interval("[low, high], Newcombe hybrid score")
+    ratio = serializers.FloatField(allow_null=True)
+    ratio_ci95 = _interval("[low, high], Katz log; null when a count is 0")
+
+
+class ReportLiftSerializer(serializers.Serializer):
+    holdout_percent = serializers.IntegerField()
+    method = serializers.CharField()
+    optimized = ReportGroupSerializer()
+    holdout = ReportGroupSerializer()
+    open_rate = ReportRateLiftSerializer()
+    click_rate = ReportRateLiftSerializer()
+
+
+class CampaignReportSerializer(serializers.Serializer):
+    """campaigns.reporting.campaign_report: rates per message sent, human hits only."""
+
+    campaign = serializers.IntegerField()
+    schedule_type = serializers.ChoiceField(choices=Campaign.ScheduleType.choices)
+    sent = serializers.IntegerField()
+    delivered = serializers.IntegerField()
+    opened = serializers.IntegerField()
+    open_rate = serializers.FloatField(allow_null=True)
+    clicked = serializers.IntegerField()
+    click_rate = serializers.FloatField(allow_null=True)
+    open_hits = ReportHitsSerializer()
+    click_hits = ReportHitsSerializer()
+    bounced = serializers.IntegerField()
+    complained = serializers.IntegerField()
+    unsubscribed = serializers.IntegerField()
+    lift = ReportLiftSerializer(
+        allow_null=True, help_text="optimized campaigns only: the lift over the holdout"
+    )
+
+
 class CampaignReport(APIView):
     """`GET …/report` (manage scope, the default): human open and click rates, every hit class
     counted apart, bounces, complaints, unsubscribes, and an optimized campaign's lift over its
     holdout with 95% intervals (campaigns.reporting)."""
 
-    @extend_schema(responses={200: dict})
+    @extend_schema(responses={200: CampaignReportSerializer})
     def get(self, request: Request, pk: int) -> Response:
         return Response(campaign_report(get_object_or_404(Campaign, pk=pk)))
 
@@ -225,8 +392,9 @@ urlpatterns = [
     path("campaigns", CampaignList.as_view(), name="campaign-list"),
     path("campaigns/<int:pk>", CampaignDetail.as_view(), name="campaign-detail"),
     path("campaigns/<int:pk>/report", CampaignReport.as_view(), name="campaign-report"),
+    path("campaigns/<int:pk>/schedule", CampaignSchedule.as_view(), name="campaign-schedule"),
     *[
         path(f"campaigns/<int:pk>/{action}", CampaignAction.as_view(action=action), name=f"campaign-{action}")
-        for action in ("schedule", "pause", "resume", "cancel")
+        for action in ("pause", "resume", "cancel")
     ],
 ]

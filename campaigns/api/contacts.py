@@ -30,6 +30,7 @@ from campaigns.import_jobs import create_import_job
 from campaigns.importing import ImportFileError
 from campaigns.models import Contact, ContactList, ImportJob, Suppression
 from campaigns.services import ListInUse, add_list_members, delete_contact_list, remove_list_members
+from core.api_schema import EmailAddressField, error_response
 
 MAX_MEMBER_IDS = 10_000  # per request; larger sets go through the CSV import
 
@@ -45,7 +46,7 @@ def _address(value: str) -> str:
 
 class ContactSerializer(serializers.ModelSerializer):
     # Declared, so the uniqueness check runs on the lower-cased address (see validate_email).
-    email = serializers.CharField(max_length=254)
+    email = EmailAddressField(max_length=254)
 
     class Meta:
         model = Contact
@@ -74,7 +75,7 @@ class ContactSerializer(serializers.ModelSerializer):
 
 
 class ContactFilterSerializer(serializers.Serializer):
-    email = serializers.CharField(required=False)
+    email = EmailAddressField(max_length=254, required=False)
     list = serializers.IntegerField(required=False, min_value=1, help_text="a list id")
     status = serializers.ChoiceField(choices=Contact.Status.choices, required=False)
 
@@ -112,7 +113,7 @@ class MembersResultSerializer(serializers.Serializer):
 
 
 class SuppressionSerializer(serializers.ModelSerializer):
-    email = serializers.CharField(max_length=254)
+    email = EmailAddressField(max_length=254)
     detail = serializers.CharField(max_length=2000, required=False, allow_blank=True)
 
     class Meta:
@@ -132,7 +133,7 @@ class SuppressionSerializer(serializers.ModelSerializer):
 
 
 class SuppressionFilterSerializer(serializers.Serializer):
-    email = serializers.CharField(required=False)
+    email = EmailAddressField(max_length=254, required=False)
     reason = serializers.ChoiceField(choices=Suppression.Reason.choices, required=False)
 
 
@@ -238,7 +239,10 @@ class ContactImportView(APIView):
     @extend_schema(
         request={"multipart/form-data": ImportUploadSerializer, "text/csv": OpenApiTypes.BINARY},
         parameters=[OpenApiParameter("list", str, description="list name; created if missing")],
-        responses={202: ImportJobSerializer, 400: OpenApiTypes.OBJECT, 413: OpenApiTypes.OBJECT},
+        responses={
+            202: ImportJobSerializer,
+            413: error_response(413, "the file is larger than EMAILHUB_IMPORT_MAX_BYTES"),
+        },
         description=(
             "Store a CSV of contacts and import it as a job: 202 with the job and its Location "
             "(`GET /api/v1/imports/{id}`). A bad header is a 400 here, before anything is stored; "
@@ -302,7 +306,7 @@ class ContactListDetailView(generics.RetrieveUpdateDestroyAPIView):
     def get_queryset(self) -> QuerySet[ContactList]:
         return _lists()
 
-    @extend_schema(responses={204: None, 409: OpenApiTypes.OBJECT})
+    @extend_schema(responses={204: None, 409: error_response(409, "a campaign uses this list")})
     def delete(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         return super().delete(request, *args, **kwargs)
 
@@ -315,6 +319,8 @@ class ContactListDetailView(generics.RetrieveUpdateDestroyAPIView):
 
 class ListMembersView(APIView):
     """Add or remove contacts by id, in one statement each way; the contacts themselves stay."""
+
+    delete_takes_body = True  # DELETE reads `contact_ids` (core.api_schema)
 
     @extend_schema(request=AddMembersSerializer, responses={200: MembersResultSerializer})
     def post(self, request: Request, pk: int) -> Response:

@@ -95,7 +95,9 @@ class MessageCreateSerializer(serializers.Serializer):
 
 class MessageSerializer(serializers.ModelSerializer):
     to = serializers.CharField(source="to_email")
-    template: serializers.SlugRelatedField = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    template: serializers.SlugRelatedField = serializers.SlugRelatedField(
+        slug_field="name", read_only=True, allow_null=True
+    )
 
     class Meta:
         model = Message

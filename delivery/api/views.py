@@ -8,6 +8,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from core.api_schema import error_response
+from delivery.api.schemas import ProviderHealthSerializer
 from delivery.api.serializer_cache import represented, validated
 from delivery.api.serializers import (
     EmailEventSerializer,
@@ -44,8 +46,25 @@ class MessageListView(mixins.ListModelMixin, generics.GenericAPIView):
 
     @extend_schema(
         request=MessageCreateSerializer,
-        responses={202: MessageSerializer},
-        parameters=[OpenApiParameter(IDEMPOTENCY_HEADER, str, OpenApiParameter.HEADER)],
+        responses={
+            202: MessageSerializer,
+            422: error_response(422, f"the {IDEMPOTENCY_HEADER} was used before with another body"),
+        },
+        parameters=[
+            OpenApiParameter(
+                IDEMPOTENCY_HEADER,
+                {"type": "string", "minLength": 1, "maxLength": 255},
+                OpenApiParameter.HEADER,
+                description="retry safely: the same key and body answer the first message again",
+            ),
+            OpenApiParameter(
+                "Idempotent-Replayed",
+                {"type": "string", "enum": ["true"]},
+                OpenApiParameter.HEADER,
+                response=[202],
+                description="present when the message was accepted before under this key",
+            ),
+        ],
     )
     def post(self, request: Request) -> Response:
         idempotency_key = request.headers.get(IDEMPOTENCY_HEADER)
@@ -97,7 +116,7 @@ class MessageDetailView(APIView):
 class ProviderHealthView(APIView):
     """Circuit state, failures, last error and send-rate tokens of every configured provider."""
 
-    @extend_schema(responses={200: dict})
+    @extend_schema(responses={200: ProviderHealthSerializer})
     def get(self, request: Request) -> Response:
         return Response({"chains": provider_chains(), "providers": provider_health()})
 

@@ -13,6 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core import metrics
+from delivery.api.schemas import WebhookResultSerializer
 from delivery.webhooks import (
     ForgedWebhook,
     InvalidWebhook,
@@ -42,12 +43,24 @@ class WebhookView(APIView):
     required_scopes: dict[str, tuple[str, ...]] = {"POST": ()}
 
     @extend_schema(
-        request={"application/json": dict, "text/plain": str},
+        request={
+            "application/json": {
+                "description": "SendGrid: an array of events; SES: an SNS message",
+                "oneOf": [{"type": "array", "items": {"type": "object"}}, {"type": "object"}],
+            },
+            "text/plain": {"type": "string", "description": "SES: the SNS message's JSON, as SNS posts it"},
+        },
         responses={
-            200: OpenApiResponse(description="events received: counts of new and duplicate events"),
+            200: OpenApiResponse(
+                WebhookResultSerializer, description="events received: counts of new and duplicate events"
+            ),
             400: OpenApiResponse(description="forged (signature, certificate, topic) or unreadable"),
             404: OpenApiResponse(description="no webhook for this provider"),
             413: OpenApiResponse(description="body beyond EMAILHUB_WEBHOOK_MAX_BODY_BYTES"),
+            503: OpenApiResponse(
+                description="the signature could not be checked now (a certificate "
+                "fetch failed): the provider retries"
+            ),
         },
         auth=[],
     )

@@ -1,0 +1,158 @@
+"""The OpenAPI schema's shared parts: the one `Error` shape, and which errors each operation documents.
+
+drf-spectacular builds each operation with `AutoSchema` (REST_FRAMEWORK's DEFAULT_SCHEMA_CLASS).
+This subclass adds, to every operation, the error responses it can really answer, all with the
+`Error` schema of `emailhub/api_errors.py`, decided from the operation itself rather than
+copied into each view:
+
+- 400 everywhere: a bad field, query parameter or header (`ApiErrorMiddleware` refuses NUL in
+  any query or header before a view runs);
+- 401 and 403 where the operation takes an API key (no or unknown key; a key without the scope);
+- 404 where the path has a parameter (no such object);
+- 411 and 413 where it takes a body (chunked without Content-Length; larger than the limit);
+  415 where DRF parses that body (a Content-Type none of the view's parsers reads);
+- 414 where it takes query parameters: gunicorn's own answer to an overlong request line.
+
+What only some operations answer (409 from a state conflict, 422 from an idempotency key reused
+with another body) a view declares with `error_response(409, "why")` in its `extend_schema`
+responses. An operation that takes no key says `security: []` instead of staying silent.
+
+A `DELETE` that reads a body says so with `delete_takes_body = True` on its view (`DELETE
+/lists/{id}/members` takes `contact_ids`); drf-spectacular documents bodies for PUT, PATCH and
+POST only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular import openapi
+from drf_spectacular.plumbing import ResolvedComponent
+from drf_spectacular.utils import OpenApiResponse, extend_schema_field
+from rest_framework import serializers
+
+ERROR_COMPONENT = "Error"
+ERROR_REF = {"$ref": f"#/components/schemas/{ERROR_COMPONENT}"}
+
+# The body of emailhub.api_errors.error_body; a test holds them together (tests/test_openapi_schema.py).
+ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "Every error under /api/ has this shape, whatever raised it.",
+    "required": ["error"],
+    "additionalProperties": False,
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["status", "code", "message", "fields"],
+            "additionalProperties": False,
+            "properties": {
+                "status": {"type": "integer", "minimum": 400, "maximum": 599, "example": 400},
+                "code": {
+                    "type": "string",
+                    "example": "invalid",
+                    "description": "machine-readable: invalid, not_authenticated, missing_scope, "
+                    "not_found, conflict, request_too_large, unsupported_media_type, …",
+                },
+                "message": {"type": "string", "description": "what went wrong and what to do"},
+                "fields": {
+                    "type": "object",
+                    "description": "errors by field name (or item index); empty when no field is at "
+                    "fault. A nested field's errors are an object of the same kind.",
+                    "additionalProperties": {
+                        "anyOf": [{"type": "array", "items": {"type": "string"}}, {"type": "object"}]
+                    },
+                },
+                "limit": {
+                    "type": "object",
+                    "description": "the setting and value of a limit that was hit (413, JSON depth)",
+                    "required": ["name", "value"],
+                    "properties": {"name": {"type": "string"}, "value": {"type": "integer"}},
+                },
+            },
+        }
+    },
+}
+
+ERROR_DESCRIPTIONS = {
+    400: "bad input: `fields` names each field, query parameter or header at fault",
+    401: "no API key, or an unknown or revoked one (`Authorization: Bearer <api key>`)",
+    403: "the API key lacks the scope this operation needs",
+    404: "no such object (or one this key may not see)",
+    409: "the object's state does not allow this",
+    411: "a chunked body without Content-Length (it would not be read)",
+    413: "the body is larger than the limit `limit` names",
+    415: "a Content-Type this operation does not read",
+    422: "the request is well-formed but cannot be applied",
+    429: "too many requests",
+}
+
+
+# The one error emailhub does not answer itself: gunicorn refuses a request line longer than its
+# --limit-request-line (4,094 bytes by default) with its own small HTML page, before any
+# middleware runs. Long query values (non-ASCII text is 6-9 bytes a character once encoded)
+# reach it.
+URI_TOO_LONG = {
+    "description": "the request line is longer than the web server accepts (gunicorn: 4,094 bytes); "
+    "answered by gunicorn itself, in HTML, before emailhub sees the request",
+    "content": {"text/html": {"schema": {"type": "string"}}},
+}
+
+
+def error_response(status_code: int, description: str | None = None) -> OpenApiResponse:
+    """An error response with the `Error` schema, for an `extend_schema(responses=…)`."""
+    return OpenApiResponse(ERROR_REF, description=description or ERROR_DESCRIPTIONS[status_code])
+
+
+@extend_schema_field({"type": "string", "format": "email", "maxLength": 254})
+class EmailAddressField(serializers.CharField):
+    """An address CharField (give it max_length=254) that the schema shows as `format: email`;
+    the serializer's own validation decides, as before (validate_email, lower-casing, no CR/LF)."""
+
+
+class AutoSchema(openapi.AutoSchema):
+    """drf-spectacular's AutoSchema with the error responses and `security` described above."""
+
+    def get_operation(
+        self, path: str, path_regex: str, path_prefix: str, method: str, registry: Any
+    ) -> dict[str, Any] | None:
+        operation = super().get_operation(path, path_regex, path_prefix, method, registry)
+        if operation is None:
+            return None
+        registry.register_on_missing(
+            ResolvedComponent(
+                name=ERROR_COMPONENT,
+                type=ResolvedComponent.SCHEMA,
+                object=ERROR_COMPONENT,
+                schema=ERROR_SCHEMA,
+            )
+        )
+        keyed = bool(operation.get("security"))
+        operation.setdefault("security", [])  # no key: said, not left to a reader's guess
+        statuses = [400]
+        if keyed:
+            statuses += [401, 403]
+        if "{" in path:
+            statuses.append(404)
+        if "requestBody" in operation:
+            statuses += [411, 413]
+            if self.view.parser_classes:
+                statuses.append(415)
+        responses = operation["responses"]
+        for status_code in statuses:
+            responses.setdefault(str(status_code), {"description": ERROR_DESCRIPTIONS[status_code]})
+        for code, response in responses.items():
+            if code[0] in "45":  # whatever a view declared, the body is the one shape
+                response["content"] = {"application/json": {"schema": ERROR_REF}}
+        if any(parameter["in"] == "query" for parameter in operation.get("parameters", [])):
+            responses["414"] = URI_TOO_LONG
+        operation["responses"] = dict(sorted(responses.items()))
+        return operation
+
+    def _get_request_body(self, direction: Any = "request") -> dict[str, Any] | None:
+        if self.method != "DELETE" or not getattr(self.view, "delete_takes_body", False):
+            return super()._get_request_body(direction)
+        self.method = "POST"  # what drf-spectacular documents a body for
+        try:
+            return super()._get_request_body(direction)
+        finally:
+            self.method = "DELETE"

@@ -1,0 +1,60 @@
+"""Serializers that document responses the selectors build as plain dicts (provider health, a
+webhook's answer): the OpenAPI schema types them instead of calling them free-form objects.
+They never validate or render anything; a test checks real responses against the schema."""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+
+class CircuitSerializer(serializers.Serializer):
+    """delivery.breakers.snapshot: a provider's circuit breaker, shared by every worker."""
+
+    state = serializers.ChoiceField(choices=["closed", "open", "half-open"])
+    fail_counter = serializers.IntegerField()
+    fail_max = serializers.IntegerField()
+    reset_timeout = serializers.FloatField(help_text="seconds an open circuit stays open")
+    opened_at = serializers.DateTimeField(allow_null=True)
+    failures_total = serializers.IntegerField()
+    times_opened = serializers.IntegerField()
+    last_error = serializers.CharField(allow_null=True)
+    last_error_at = serializers.FloatField(allow_null=True, help_text="Unix time")
+    last_state_change = serializers.CharField(allow_null=True)
+
+
+class RateLimitSerializer(serializers.Serializer):
+    per_second = serializers.FloatField()
+    tokens = serializers.FloatField(allow_null=True, help_text="null when Redis cannot be read")
+    reserved_for_transactional = serializers.FloatField()
+
+
+class ProviderSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    pools = serializers.ListField(child=serializers.ChoiceField(choices=["transactional", "bulk"]))
+    position = serializers.DictField(child=serializers.IntegerField(), help_text="1-based, by pool")
+    circuit = CircuitSerializer()
+    rate_limit = RateLimitSerializer(allow_null=True, help_text="null when the provider has no quota set")
+
+
+class ChainsSerializer(serializers.Serializer):
+    transactional = serializers.ListField(child=serializers.CharField())
+    bulk = serializers.ListField(child=serializers.CharField())
+
+
+class ProviderHealthSerializer(serializers.Serializer):
+    chains = ChainsSerializer(help_text="each pool's providers in failover order")
+    providers = ProviderSerializer(many=True)
+
+
+class WebhookResultSerializer(serializers.Serializer):
+    """What a webhook tells the provider it did (delivery.webhooks.base.answer and the
+    providers' `acknowledge`); which keys appear depends on the provider and the message."""
+
+    received = serializers.IntegerField(required=False)
+    new = serializers.IntegerField(required=False)
+    duplicates = serializers.IntegerField(required=False)
+    suppressed = serializers.IntegerField(required=False)
+    unmatched = serializers.IntegerField(required=False)
+    ignored = serializers.IntegerField(required=False, help_text="SendGrid: events not recorded")
+    confirmed = serializers.CharField(required=False, help_text="SNS: the subscription confirmed")
+    unsubscribed = serializers.CharField(required=False, help_text="SNS: the topic that unsubscribed us")
