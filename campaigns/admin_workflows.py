@@ -129,10 +129,15 @@ def import_progress(job: ImportJob) -> dict[str, Any]:
         percent = 100 if job.status == ImportJob.Status.COMPLETED else 0
     else:
         percent = min(99, int(100 * job.next_offset / job.size))
+    # The file's rows are known only once it is read: while it runs, extrapolate from the bytes.
+    estimate = None
+    if not finished and job.next_offset and job.size:
+        estimate = round(job.rows_read * job.size / job.next_offset)
     return {
         "percent": percent,
         "running": not finished,
         "rows_done": job.rows_read,
+        "rows_estimate": estimate,
         "bytes_done": job.size if job.status == ImportJob.Status.COMPLETED else job.next_offset,
         "bytes_total": job.size,
     }
@@ -502,6 +507,10 @@ class PreviewForm(forms.Form):
         return found
 
 
+# The preview form's `contact` is id_contact; the test-send form's fields get ids of their own.
+TEST_SEND_IDS = "test-send-%s"
+
+
 class TestSendForm(forms.Form):
     to = forms.CharField(
         max_length=254, label="send a test to", help_text="one address; it gets this template once"
@@ -555,7 +564,8 @@ class TemplateWorkflows(admin.ModelAdmin):
             contact=contact,
             rendered=rendered,
             render_error=error,
-            test_form=test_form or TestSendForm(initial={"contact": form.data.get("contact", "")}),
+            test_form=test_form
+            or TestSendForm(initial={"contact": form.data.get("contact", "")}, auto_id=TEST_SEND_IDS),
             may_send=self.may_test_send(request),
         )
         return TemplateResponse(request, "admin/campaigns/template/preview.html", context)
@@ -567,7 +577,7 @@ class TemplateWorkflows(admin.ModelAdmin):
         if not self.may_test_send(request):
             raise PermissionDenied
         template = get_object_or_404(Template, pk=template_id)
-        form = TestSendForm(request.POST)
+        form = TestSendForm(request.POST, auto_id=TEST_SEND_IDS)
         preview = PreviewForm({"contact": request.POST.get("contact", "")})
         if form.is_valid() and preview.is_valid():
             try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 from emailhub.env import (
@@ -32,6 +33,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",  # Swagger UI and Redoc as static files: /api/docs/ needs no CDN
     "django_celery_beat",
+    "axes",
     "core",
     "campaigns",
     "delivery",
@@ -51,7 +53,28 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # The operator's own zone for the admin's times (core/operator_zone.py).
+    "core.operator_zone.OperatorTimezoneMiddleware",
+    # Last, as django-axes requires: turns its lockout signal into the refusal page.
+    "axes.middleware.AxesMiddleware",
 ]
+
+# Failed admin logins are throttled by django-axes: after EMAILHUB_LOGIN_FAILURE_LIMIT wrong
+# passwords for one username from one IP address, that pair is refused (even with the right
+# password) until EMAILHUB_LOGIN_COOLOFF_MINUTES have passed since the last failure. Locking by
+# the pair, not the address alone, keeps one guesser behind a shared NAT or proxy from locking
+# every operator out; a successful login clears the pair's failures. The API is unaffected (API
+# keys, not passwords). Unlock early: `manage.py axes_reset_username NAME`, or delete the
+# attempt in the admin.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",  # first: it refuses a locked-out pair before any check
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = env_int("EMAILHUB_LOGIN_FAILURE_LIMIT", 5, minimum=1)
+AXES_COOLOFF_TIME = timedelta(minutes=env_float("EMAILHUB_LOGIN_COOLOFF_MINUTES", 15.0, minimum=0.1))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_ENABLE_ADMIN = False  # core/admin.py registers its tables read-only instead
 
 ROOT_URLCONF = "emailhub.urls"
 WSGI_APPLICATION = "emailhub.wsgi.application"
@@ -59,7 +82,8 @@ WSGI_APPLICATION = "emailhub.wsgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [],
+        # Pages above the apps (the admin's frame and dashboard, emailhub/dashboard.py).
+        "DIRS": [BASE_DIR / "emailhub" / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [

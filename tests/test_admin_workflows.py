@@ -82,6 +82,16 @@ def test_an_uploaded_csv_becomes_an_import_job_whose_page_shows_progress_and_rej
     assert [row[0] for row in lines[1:]] == ["3"] and "not-an-address" in lines[1][2]
 
 
+def test_a_running_imports_page_shows_rows_done_of_an_estimate_and_keeps_refreshing(
+    admin_client: Client,
+) -> None:
+    job = ImportJob.objects.create(status="running", size=1_000, next_offset=250, rows_read=10)
+    page = admin_client.get(reverse("admin:campaigns_importjob_change", args=[job.pk])).content.decode()
+    assert 'data-status="running"' in page and 'data-percent="25"' in page
+    assert '<span id="import-rows">10</span> row(s) done of about 40' in page
+    assert '<meta http-equiv="refresh" content="2">' in page
+
+
 def test_an_import_into_an_existing_list_adds_its_contacts_there(admin_client: Client) -> None:
     existing = ContactList.objects.create(name="VIP")
     upload(admin_client, b"email\nvip@example.com\n", contact_list=existing.pk)
@@ -368,6 +378,7 @@ def test_preview_renders_with_the_chosen_contact_inside_a_sandboxed_iframe(
     assert '<iframe id="preview-frame" title="HTML part" sandbox=""' in page
     assert 'srcdoc="&lt;p onclick=&quot;x()&quot;&gt;Hi Ann&lt;/p&gt;&lt;script&gt;' in page
     assert "<script>parent.document.title" not in page
+    assert page.count('id="id_contact"') == 1 and 'id="test-send-to"' in page  # one id per element
     assert admin_client.get(preview_url(template), {"contact": ann.pk}).context["contact"] == ann
     defaults = admin_client.get(preview_url(template)).content.decode()
     assert "Welcome friend" in defaults and "your plan is free" in defaults
