@@ -270,3 +270,49 @@ def campaign_hits(campaign_id: int) -> tuple[int, dict[tuple[str, str], int]]:
         rows = cursor.fetchall()
     delivered = sum(messages for kind, _, _, messages in rows if kind == "delivered")
     return delivered, {(kind, cls): hits for kind, cls, hits, _ in rows if kind != "delivered"}
+
+
+# The admin dashboard's recent failures and feedback look at the newest rows only (by primary
+# key): neither `status = 'failed'` nor an event's kind has an index (one would cost every
+# fan-out insert or webhook), so "the last N" without a bound would scan the whole table when
+# failures are rare. Within the newest RECENT_SCAN rows, a backward primary-key range scan.
+RECENT_SCAN = 50_000
+
+
+def recent_failures(limit: int = 10, scan: int = RECENT_SCAN) -> list[dict[str, Any]]:
+    """The newest `failed` messages among the last `scan` messages, newest first, with their
+    last error."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT m.id, m.to_email, m.priority, m.provider, m.attempts, m.last_error, m.campaign_id,
+                   COALESCE(m.claimed_at, m.queued_at, m.created_at)
+              FROM delivery_message AS m
+             WHERE m.id > (SELECT COALESCE(max(id), 0) FROM delivery_message) - %s
+               AND m.status = 'failed'
+             ORDER BY m.id DESC
+             LIMIT %s
+            """,
+            [scan, limit],
+        )
+        columns = ("id", "to_email", "priority", "provider", "attempts", "last_error", "campaign_id", "at")
+        return [dict(zip(columns, row, strict=True)) for row in cursor.fetchall()]
+
+
+def recent_feedback(limit: int = 10, scan: int = RECENT_SCAN) -> list[dict[str, Any]]:
+    """The newest bounce and complaint events (bounced, dropped, rejected, complained) among the
+    last `scan` events, newest first."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT e.id, e.kind, e.bounce, e.recipient, e.provider, e.detail, e.message_id, e.occurred_at
+              FROM delivery_emailevent AS e
+             WHERE e.id > (SELECT COALESCE(max(id), 0) FROM delivery_emailevent) - %s
+               AND e.kind IN ('bounced', 'dropped', 'rejected', 'complained')
+             ORDER BY e.id DESC
+             LIMIT %s
+            """,
+            [scan, limit],
+        )
+        columns = ("id", "kind", "bounce", "recipient", "provider", "detail", "message_id", "occurred_at")
+        return [dict(zip(columns, row, strict=True)) for row in cursor.fetchall()]

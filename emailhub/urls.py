@@ -5,13 +5,25 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from campaigns.views import unsubscribe_view
+from core.admin import operator_timezone_view
 from delivery.admin import provider_health_view
 from delivery.tracking import views as tracking_views
+from emailhub.dashboard import dashboard_data_view, dashboard_view
 from emailhub.health import healthz, readyz
 from emailhub.metrics import metrics_view
 
+# The admin is emailhub's, and its "View site" link goes somewhere real: the API's docs.
+admin.site.site_header = "emailhub"
+admin.site.site_title = "emailhub"
+admin.site.index_title = "Operations"
+admin.site.site_url = "/api/docs/"
+
+
 urlpatterns = [
     path("admin/providers/", admin.site.admin_view(provider_health_view), name="admin-provider-health"),
+    path("admin/dashboard/", admin.site.admin_view(dashboard_view), name="admin-dashboard"),
+    path("admin/dashboard/data/", admin.site.admin_view(dashboard_data_view), name="admin-dashboard-data"),
+    path("admin/timezone/", admin.site.admin_view(operator_timezone_view), name="admin-timezone"),
     path("admin/", admin.site.urls),
     path("api/v1/", include("delivery.api.urls")),
     path("api/v1/", include("campaigns.api.urls")),

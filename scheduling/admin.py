@@ -1,11 +1,19 @@
 from __future__ import annotations
 
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.db.models import QuerySet
 from django.http import HttpRequest
-from django_celery_beat.admin import PeriodicTaskAdmin as BeatPeriodicTaskAdmin
-from django_celery_beat.models import PeriodicTask
+from django_celery_beat.models import (
+    ClockedSchedule,
+    CrontabSchedule,
+    IntervalSchedule,
+    PeriodicTask,
+    PeriodicTasks,
+    SolarSchedule,
+)
 
+from core.admin import ZonedTimesMixin
 from core.validators import SenderForm
 from scheduling import recurring
 from scheduling.models import RecurringSchedule, ScheduleOccurrence
@@ -23,7 +31,7 @@ class RecurringScheduleForm(SenderForm):  # from_email: exactly one mailbox, as 
 
 
 @admin.register(RecurringSchedule)
-class RecurringScheduleAdmin(admin.ModelAdmin):
+class RecurringScheduleAdmin(ZonedTimesMixin, admin.ModelAdmin):
     form = RecurringScheduleForm
     list_display = ("name", "cron", "timezone", "priority", "active", "last_run", "next_run")
     list_filter = ("active", "priority")
@@ -44,7 +52,7 @@ class RecurringScheduleAdmin(admin.ModelAdmin):
 
 
 @admin.register(ScheduleOccurrence)
-class ScheduleOccurrenceAdmin(admin.ModelAdmin):
+class ScheduleOccurrenceAdmin(ZonedTimesMixin, admin.ModelAdmin):
     """The beat's record of what fired: UNIQUE(schedule, occurrence) is what stops two beats
     creating two campaigns, so the rows are shown, never added, edited or deleted here."""
 
@@ -61,21 +69,76 @@ class ScheduleOccurrenceAdmin(admin.ModelAdmin):
         return False
 
 
-# django-celery-beat's own admin saves a whole PeriodicTask row, including total_run_count, which
-# the beat writes on every run. Operators may still enable, disable or reschedule a task; the
-# save writes only the fields they changed.
+# django-celery-beat's tables hold emailhub's internal ticks (emailhub/periodic.py creates them:
+# the outbox relay, the reconciler, the recurring-schedule tick…), not operators' schedules:
+# recurring campaigns are RecurringSchedule rows, above. Beat's own admin would let anyone edit
+# a tick's task, arguments or interval, or add one; here its schedules are hidden and a periodic
+# task is read-only but for `enabled`. Its admin also saved a whole row, including
+# total_run_count, which the beat writes on every run: the save writes only `enabled`.
+for _beat_model in (IntervalSchedule, CrontabSchedule, SolarSchedule, ClockedSchedule):
+    admin.site.unregister(_beat_model)
 admin.site.unregister(PeriodicTask)
 
 
+class PeriodicTaskForm(forms.ModelForm):
+    class Meta:
+        model = PeriodicTask
+        fields = ["enabled"]
+
+
+def _set_enabled(queryset: QuerySet, enabled: bool) -> int:
+    changed = queryset.update(enabled=enabled, **({} if enabled else {"last_run_at": None}))
+    PeriodicTasks.update_changed()  # a queryset update sends no signal; the beat re-reads on this
+    return changed
+
+
+@admin.action(description="Enable selected ticks", permissions=["change"])
+def enable_ticks(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
+    modeladmin.message_user(request, f"enabled {_set_enabled(queryset, True)} tick(s)", messages.SUCCESS)
+
+
+@admin.action(description="Disable selected ticks", permissions=["change"])
+def disable_ticks(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
+    modeladmin.message_user(request, f"disabled {_set_enabled(queryset, False)} tick(s)", messages.SUCCESS)
+
+
 @admin.register(PeriodicTask)
-class PeriodicTaskAdmin(BeatPeriodicTaskAdmin):
+class PeriodicTaskAdmin(ZonedTimesMixin, admin.ModelAdmin):
+    """emailhub's internal ticks, read-only but for `enabled` (see the note on the list page)."""
+
+    form = PeriodicTaskForm
+    change_list_template = "admin/scheduling/periodictask/change_list.html"
+    list_display = (
+        "name",
+        "enabled",
+        "task",
+        "interval",
+        "crontab",
+        "queue",
+        "last_run_at",
+        "total_run_count",
+    )
+    list_filter = ("enabled", "queue")
+    search_fields = ("name", "task")
+    actions = [enable_ticks, disable_ticks]
+    fields = (
+        "name", "enabled", "task", "interval", "crontab", "queue", "args", "kwargs",
+        "description", "last_run_at", "total_run_count", "date_changed",
+    )  # fmt: skip
+    readonly_fields = tuple(f for f in fields if f != "enabled")
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[PeriodicTask]:
+        return super().get_queryset(request).select_related("interval", "crontab")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # ticks are created by emailhub.periodic.ensure_periodic_tasks
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False  # a deleted tick is re-created at the next start; disable it instead
+
     def save_model(
         self, request: HttpRequest, obj: PeriodicTask, form: forms.ModelForm, change: bool
     ) -> None:
-        fields = [f for f in form.changed_data if f not in self.get_readonly_fields(request, obj)]
-        if "enabled" in fields:
-            fields.append("last_run_at")  # PeriodicTask.save() clears it on disable
-        if not change:
-            obj.save()
-        elif fields:
-            obj.save(update_fields=fields)
+        if "enabled" in form.changed_data:
+            # PeriodicTask.save() clears last_run_at on disable; save that too, nothing else.
+            obj.save(update_fields=["enabled", "last_run_at"])

@@ -1,0 +1,188 @@
+"""The operator's dashboard in the admin (/admin/dashboard/ and its JSON, /admin/dashboard/data/).
+
+It reads from every app, so it lives above them, and only through their public selectors:
+campaigns in flight (`campaigns.selectors.campaigns_in_flight`), the queue snapshot per priority
+(`scheduling.selectors.queue_snapshot`, what GET /api/v1/schedules shows), provider circuits and
+rate limits (`delivery.selectors.provider_health`, the provider page's data) and the recent
+failures and bounces (`delivery.selectors.recent_failures` / `recent_feedback`).
+
+**Send rate and ETA.** A campaign's rate is its finished-message counter (sent + failed +
+suppressed + cancelled, kept by campaigns/progress.py) over a recent window: every dashboard
+read adds (database now, counter) to a small Redis sorted set per campaign and compares with the
+oldest sample of the last RATE_WINDOW_SECONDS. That is one Redis pipeline for all campaigns and
+no message scan: counting each campaign's messages sent in the last minute instead reads every
+row of the campaign (no index on sent_at, and one would cost every send's update): 47 ms per
+100,000 messages measured here, half a second per refresh on a 1M campaign. Until a sample is a
+second old (the first view), the rate is the average since the campaign started. ETA = messages
+not yet finished / rate. The samples are an index of nothing: losing Redis loses only the rate
+for one refresh.
+
+The page renders everything on the server (it works without JavaScript); dashboard.js fetches
+the JSON every REFRESH_SECONDS from the same origin and redraws the sections.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import redis as redis_lib
+from django.conf import settings
+from django.contrib import admin
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.template.response import TemplateResponse
+from django.urls import reverse
+
+from campaigns.selectors import campaigns_in_flight
+from core.admin import zoned_text
+from delivery.selectors import provider_health, recent_failures, recent_feedback
+from scheduling.selectors import queue_snapshot
+
+REFRESH_SECONDS = 5
+RATE_WINDOW_SECONDS = 60.0
+RECENT_ROWS = 10
+_SAMPLES_KEY = "emailhub:dashboard:finished:{id}"
+
+_redis: redis_lib.Redis | None = None
+
+
+def _client() -> redis_lib.Redis:
+    global _redis
+    if _redis is None:
+        # Short timeouts: a slow Redis costs the page its rates, never the page itself.
+        _redis = redis_lib.Redis.from_url(settings.REDIS_URL, socket_timeout=1, socket_connect_timeout=1)
+    return _redis
+
+
+def reset_client() -> None:
+    """Forget the connection (tests switch Redis databases between runs)."""
+    global _redis
+    _redis = None
+
+
+def _window_samples(now: float, finished: dict[int, int]) -> dict[int, tuple[float, int] | None]:
+    """Record (now, finished) for each campaign and return the oldest sample at least one
+    second old within the window: one pipeline, whatever the number of campaigns."""
+    pipe = _client().pipeline(transaction=False)
+    for campaign_id, done in finished.items():
+        key = _SAMPLES_KEY.format(id=campaign_id)
+        pipe.zremrangebyscore(key, "-inf", now - 2 * RATE_WINDOW_SECONDS)
+        pipe.zrangebyscore(key, now - RATE_WINDOW_SECONDS, now - 1.0, start=0, num=1, withscores=True)
+        pipe.zadd(key, {f"{now:.3f}:{done}": now})
+        pipe.expire(key, int(4 * RATE_WINDOW_SECONDS))
+    results = pipe.execute()
+    samples: dict[int, tuple[float, int] | None] = {}
+    for n, campaign_id in enumerate(finished):
+        oldest = results[4 * n + 1]
+        if oldest:
+            member, score = oldest[0]
+            samples[campaign_id] = (float(score), int(member.decode().rsplit(":", 1)[1]))
+        else:
+            samples[campaign_id] = None
+    return samples
+
+
+def _campaign_rows(now: datetime, campaigns: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    epoch = now.timestamp()
+    finished = {
+        c["id"]: int(c["sent"]) + int(c["failed"]) + int(c["suppressed"]) + int(c["cancelled"])
+        for c in campaigns
+    }
+    try:
+        samples = _window_samples(epoch, finished) if campaigns else {}
+    except redis_lib.RedisError:
+        samples = {}
+    rows = []
+    for c in campaigns:
+        done, total = finished[c["id"]], int(c["total"])
+        rate: float | None = None
+        rate_basis = None
+        sample = samples.get(c["id"])
+        if c["status"] == "sending":
+            if sample is not None and epoch > sample[0]:
+                rate, rate_basis = max(done - sample[1], 0) / (epoch - sample[0]), "window"
+            elif c["started_at"] is not None and epoch > c["started_at"].timestamp():
+                rate, rate_basis = done / (epoch - c["started_at"].timestamp()), "since_start"
+        remaining = max(total - done, 0)
+        eta = remaining / rate if rate else None
+        percent = round(100.0 * done / total, 1) if total else 0.0
+        rows.append(
+            {
+                "id": c["id"],
+                "name": c["name"],
+                "status": c["status"],
+                "priority": c["priority"],
+                "schedule_type": c["schedule_type"],
+                "total": total,
+                "sent": int(c["sent"]),
+                "failed": int(c["failed"]),
+                "suppressed": int(c["suppressed"]),
+                "cancelled": int(c["cancelled"]),
+                "finished": done,
+                "remaining": remaining,
+                "percent": percent,
+                # Fan-out still creating messages: the total (and so the ETA) is still growing.
+                "fanout_done": bool(c["fanout_done"]),
+                "rate_per_second": round(rate, 2) if rate is not None else None,
+                "rate_basis": rate_basis,
+                "eta_seconds": round(eta) if eta is not None else None,
+                "started_at": _iso(c["started_at"]),
+                "started_at_display": zoned_text(c["started_at"]),
+                "url": reverse("admin:campaigns_campaign_change", args=[c["id"]]),
+            }
+        )
+    return rows
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat().replace("+00:00", "Z") if value else None
+
+
+def dashboard_data() -> dict[str, Any]:
+    """Everything the dashboard shows, as JSON-ready values."""
+    now, campaigns = campaigns_in_flight()
+    failures = [
+        {
+            **{k: v for k, v in f.items() if k != "at"},
+            "at": _iso(f["at"]),
+            "at_display": zoned_text(f["at"]),
+            "url": reverse("admin:delivery_message_change", args=[f["id"]]),
+        }
+        for f in recent_failures(RECENT_ROWS)
+    ]
+    feedback = [
+        {
+            **{k: v for k, v in e.items() if k != "occurred_at"},
+            "occurred_at": _iso(e["occurred_at"]),
+            "occurred_at_display": zoned_text(e["occurred_at"]),
+            "url": reverse("admin:delivery_emailevent_change", args=[e["id"]]),
+        }
+        for e in recent_feedback(RECENT_ROWS)
+    ]
+    return {
+        "generated_at": _iso(now),
+        "generated_at_display": zoned_text(now),
+        "refresh_seconds": REFRESH_SECONDS,
+        "campaigns": _campaign_rows(now, campaigns),
+        "queue": queue_snapshot(),
+        "providers": provider_health(),
+        "recent_failures": failures,
+        "recent_feedback": feedback,
+    }
+
+
+def dashboard_view(request: HttpRequest) -> HttpResponse:
+    data = dashboard_data()
+    context = {
+        **admin.site.each_context(request),
+        "title": "Dashboard",
+        "data": data,
+        "data_url": reverse("admin-dashboard-data"),
+    }
+    return TemplateResponse(request, "admin/emailhub/dashboard.html", context)
+
+
+def dashboard_data_view(request: HttpRequest) -> JsonResponse:
+    response = JsonResponse(dashboard_data())
+    response["Cache-Control"] = "no-store"
+    return response
