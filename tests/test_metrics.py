@@ -14,16 +14,21 @@ import socket
 import time
 from collections import Counter
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 import requests
 from django.core.exceptions import ImproperlyConfigured
 from django.test import Client, override_settings
+from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
+from campaigns.models import Suppression
 from core.metrics_dir import files_in_use, prepare, process_identifier
 from delivery.models import Message
+from delivery.services.events import ProviderEvent, record_events
+from delivery.services.sending import send_messages
 from delivery.testing.smtp_server import SMTPTestServer, free_port
 from emailhub.env import env_networks
 from scripts.stack import Stack
@@ -286,3 +291,125 @@ def _answers(port: int) -> bool:
         return requests.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200
     except requests.RequestException:
         return False
+
+
+# --- where the pipeline records (in this process: prometheus_client's in-memory values) ------
+
+
+def value(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_counts_each_outcome_once_by_provider_priority_and_outcome(smtp: SMTPTestServer) -> None:
+    Suppression.objects.create(email="gone@example.com", reason="manual")
+    smtp.reply_for("bounce@example.com", "550 5.1.1 no such user")
+    smtp.reply_for("busy@example.com", "451 4.3.0 mailbox busy")
+    ids = [
+        Message.objects.create(to_email=to, subject="Hi", text="x", priority="high", status="queued").pk
+        for to in (
+            "a@example.com",
+            "b@example.com",
+            "gone@example.com",
+            "bounce@example.com",
+            "busy@example.com",
+        )
+    ]
+    names = [
+        "emailhub_emails_sent_total",
+        "emailhub_queue_latency_seconds_count",
+        "emailhub_provider_send_seconds_count",
+    ]
+    before = {
+        "sent": value(names[0], provider="smtp", priority="high", outcome="sent"),
+        "failed": value(names[0], provider="none", priority="high", outcome="failed"),
+        "suppressed": value(names[0], provider="none", priority="high", outcome="suppressed"),
+        "retried": value(names[0], provider="none", priority="high", outcome="retried"),
+        "latency": value(names[1], priority="high"),
+        "calls": value(names[2], provider="smtp"),
+    }
+    report = send_messages(ids)
+    assert (report.sent, report.failed, report.suppressed, report.retrying) == (2, 1, 1, 1)
+    assert value(names[0], provider="smtp", priority="high", outcome="sent") - before["sent"] == 2
+    assert value(names[0], provider="none", priority="high", outcome="failed") - before["failed"] == 1
+    assert value(names[0], provider="none", priority="high", outcome="suppressed") - before["suppressed"] == 1
+    assert value(names[0], provider="none", priority="high", outcome="retried") - before["retried"] == 1
+    assert value(names[1], priority="high") - before["latency"] == 2  # one observation per sent message
+    assert value(names[2], provider="smtp") - before["calls"] == 1  # one provider call for the batch
+
+    # A redelivered task moves no row: it counts nothing.
+    Message.objects.filter(pk=ids[0]).update(status="queued")  # as if requeued, then raced:
+    Message.objects.filter(pk=ids[0]).update(status="sent")
+    send_messages(ids)
+    assert value(names[0], provider="smtp", priority="high", outcome="sent") - before["sent"] == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_recorded_events_count_new_and_duplicates_and_engagement_by_class() -> None:
+    message = Message.objects.create(to_email="ann@example.com", subject="Hi", status="sent", provider="ses")
+    at = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
+
+    def event(event_id: str, kind: str, **fields: object) -> ProviderEvent:
+        return ProviderEvent(
+            provider="ses", event_id=event_id, kind=kind, occurred_at=at, message_id=message.pk, **fields
+        )
+
+    keys = {
+        "delivered_new": (
+            "emailhub_provider_events_total",
+            {"provider": "ses", "kind": "delivered", "outcome": "new"},
+        ),
+        "delivered_dup": (
+            "emailhub_provider_events_total",
+            {"provider": "ses", "kind": "delivered", "outcome": "duplicate"},
+        ),
+        "human": (
+            "emailhub_tracking_hits_recorded_total",
+            {"provider": "ses", "kind": "opened", "class": "human"},
+        ),
+        "machine": (
+            "emailhub_tracking_hits_recorded_total",
+            {"provider": "ses", "kind": "opened", "class": "machine"},
+        ),
+    }
+    before = {k: value(n, **lab) for k, (n, lab) in keys.items()}
+    batch = [
+        event("d1", "delivered"),
+        event(
+            "o1", "opened", user_agent="Mozilla/5.0 (Macintosh; Intel Mac OS X 10_15_7) AppleWebKit/605.1.15"
+        ),
+        event("o2", "opened", classification="machine"),
+    ]
+    record_events(batch)
+    record_events(batch[:1])  # the provider retried: a duplicate
+    after = {k: value(n, **lab) - before[k] for k, (n, lab) in keys.items()}
+    assert after == {"delivered_new": 1, "delivered_dup": 1, "human": 1, "machine": 1}
+
+
+@pytest.mark.django_db
+def test_tracking_requests_are_counted_by_kind_and_outcome(client: Client) -> None:
+    before = value("emailhub_tracking_requests_total", kind="open", outcome="unknown_token")
+    clicks = value("emailhub_tracking_requests_total", kind="click", outcome="unknown_token")
+    assert client.get("/t/o/forged").status_code == 200
+    assert client.get("/t/c/forged").status_code == 404
+    assert value("emailhub_tracking_requests_total", kind="open", outcome="unknown_token") - before == 1
+    assert value("emailhub_tracking_requests_total", kind="click", outcome="unknown_token") - clicks == 1
+
+
+@pytest.mark.django_db
+def test_webhook_requests_are_counted_by_provider_and_outcome_never_by_a_path_of_anyones(
+    client: Client,
+) -> None:
+    # No verification key configured in the tests' settings: SendGrid's webhook answers 503.
+    unavailable = value("emailhub_webhook_requests_total", provider="sendgrid", outcome="unavailable")
+    unknown = value("emailhub_webhook_requests_total", provider="unknown", outcome="unknown_provider")
+    client.post("/api/v1/webhooks/sendgrid", data="[]", content_type="application/json")
+    client.post("/api/v1/webhooks/someone@example.com", data="[]", content_type="application/json")
+    assert (
+        value("emailhub_webhook_requests_total", provider="sendgrid", outcome="unavailable") - unavailable
+        == 1
+    )
+    assert (
+        value("emailhub_webhook_requests_total", provider="unknown", outcome="unknown_provider") - unknown
+        == 1
+    )
