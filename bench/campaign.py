@@ -31,7 +31,10 @@ Default mode, per run (on emptied message tables, a flushed Redis and freshly st
   that call until this process sees the campaign `completed` (polled every 50 ms):
   emails/s = messages sent / that time;
 - checks: campaign sent_count == messages `sent` == non-suppressed recipients, and the sink's own
-  count == those + the warm-up and critical messages the database calls sent;
+  count == those + the warm-up and critical messages the database calls sent == the sent counter
+  of /metrics (`emailhub_emails_sent_total{outcome="sent"}`, summed over the web's, the workers'
+  and their children's files: the stack's own PROMETHEUS_MULTIPROC_DIR); the metrics URL is
+  printed at the start of each run, for a `curl` while it runs;
 - critical latency: `sent_at - created_at` in PostgreSQL (INSERT inside the API request to just
   after the SMTP 250), p50/p99/max; the API round trip seen by the client is printed apart;
 - peak RSS (VmHWM) of the bulk worker's processes (master + 2 children; sum and largest), and the
@@ -94,6 +97,7 @@ sys.path.insert(0, str(ROOT))
 
 import requests  # noqa: E402
 from django.db import connection  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from bench import fanout, post_office_ref  # noqa: E402
 from bench.fanout import bench_template, ensure_audience  # noqa: E402
@@ -369,6 +373,17 @@ def start_bulk(stack: Stack, queues: str, key: str, extra_env: dict[str, str] | 
     return stack.start("worker-bulk", argv, key=key, extra_env=extra_env, timeout=60).popen.pid
 
 
+def metrics_sent(web_port: int) -> float:
+    """`emailhub_emails_sent_total{outcome="sent"}` as /metrics shows it: summed over every process."""
+    text = requests.get(f"http://127.0.0.1:{web_port}/metrics", timeout=10).text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "emailhub_emails_sent_total" and sample.labels.get("outcome") == "sent"
+    )
+
+
 def campaign_row(campaign_id: int) -> dict[str, Any]:
     from campaigns.models import Campaign
 
@@ -458,6 +473,7 @@ def campaign_run(
             "beat": stack.start("beat", timeout=60).popen.pid,
         }
         url = f"http://127.0.0.1:{web_port}/api/v1/messages"
+        print(f"  metrics while it runs: curl -s http://127.0.0.1:{web_port}/metrics", flush=True)
         warm_ids, _, _ = post_messages(url, api_key, args.warmup, 2, f"warm-up {number}")
         wait_until_sent(warm_ids, 60)
 
@@ -489,6 +505,7 @@ def campaign_run(
         rss = peak_rss_kb(group_pids(groups["bulk"]))
         sent_in_db = Message.objects.filter(campaign_id=campaign_id, status="sent").count()
         all_sent = Message.objects.filter(status="sent").count()
+        scraped_sent = metrics_sent(web_port)
         with connection.cursor() as cursor:
             cursor.execute(
                 "SELECT EXTRACT(EPOCH FROM sent_at - created_at) * 1000 FROM delivery_message WHERE id = ANY(%s)",
@@ -509,6 +526,8 @@ def campaign_run(
         problems.append(f"campaign {done}, {sent_in_db} messages sent, {expected} recipients")
     if received != all_sent:
         problems.append(f"the sink received {received} messages, the database sent {all_sent}")
+    if scraped_sent != all_sent:
+        problems.append(f"/metrics counted {scraped_sent:.0f} sent, the database {all_sent}")
     if problems:
         raise RuntimeError("; ".join(problems))
     api_ms = sorted(poster.api_ms)
@@ -519,6 +538,7 @@ def campaign_run(
         "sent_at_fanout_done": done["sent_at_fanout_done"],
         "sent": sent_in_db,
         "received": received,
+        "metrics_sent": scraped_sent,
         "load": load,
         "critical_count": len(latencies),
         "critical_p50": percentile(latencies, 50),
@@ -575,7 +595,7 @@ def print_run(label: str, number: int, r: dict[str, Any]) -> None:
     print(
         f"{label} {number} (load average {r['load']:.2f} at start): {r['sent']:,} campaign emails in "
         f"{r['elapsed']:.1f} s = {r['emails_per_s']:,.0f} emails/s; sink received {r['received']:,} "
-        f"(= database sent)\n"
+        f"(= database sent = /metrics emailhub_emails_sent_total {r['metrics_sent']:,.0f})\n"
         f"  fan-out done at {r['fanout_done_at']:.1f} s, {r['sent_at_fanout_done']:,} sent by then\n"
         f"  {r['critical_count']} critical messages during the campaign: accept->SMTP 250 p50 "
         f"{r['critical_p50']:.0f} p99 {r['critical_p99']:.0f} ms\n"
@@ -645,7 +665,7 @@ def main_campaign(args: argparse.Namespace, env: dict[str, str], api_key: str) -
         print(
             f"run {number} (load average {r['load']:.2f} at start): {r['sent']:,} campaign emails in "
             f"{r['elapsed']:.1f} s = {r['emails_per_s']:,.0f} emails/s; sink received {r['received']:,} "
-            f"(= database sent)\n"
+            f"(= database sent = /metrics emailhub_emails_sent_total {r['metrics_sent']:,.0f})\n"
             f"  fan-out done at {r['fanout_done_at']:.1f} s, {r['sent_at_fanout_done']:,} sent by then "
             f"({r['sent_at_fanout_done'] / r['fanout_done_at']:,.0f}/s during fan-out, "
             f"{(r['sent'] - r['sent_at_fanout_done']) / (r['elapsed'] - r['fanout_done_at']):,.0f}/s after)\n"

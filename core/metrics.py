@@ -47,7 +47,8 @@ EMAILS = Counter(
     "emailhub_emails_sent",
     "Messages leaving `sending`, by outcome: sent (provider accepted), failed, suppressed, "
     "retried (retry_wait after a provider error), deferred (no provider could be tried), "
-    "cancelled (campaign cancelled meanwhile). provider is the accepting provider, else none.",
+    "cancelled (campaign cancelled meanwhile), requeued (its worker died mid-send). provider is "
+    "the accepting provider, else none.",
     ["provider", "priority", "outcome"],
 )
 PROVIDER_SEND_SECONDS = Histogram(

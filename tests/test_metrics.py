@@ -14,13 +14,14 @@ import socket
 import time
 from collections import Counter
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 import requests
 from django.core.exceptions import ImproperlyConfigured
 from django.test import Client, override_settings
+from django.utils import timezone
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -29,6 +30,7 @@ from core.metrics_dir import files_in_use, prepare, process_identifier
 from delivery.models import Message
 from delivery.services.events import ProviderEvent, record_events
 from delivery.services.sending import send_messages
+from delivery.services.sweeps import requeue_stale_sending
 from delivery.testing.smtp_server import SMTPTestServer, free_port
 from emailhub.env import env_networks
 from scripts.stack import Stack
@@ -342,6 +344,23 @@ def test_a_batch_counts_each_outcome_once_by_provider_priority_and_outcome(smtp:
     Message.objects.filter(pk=ids[0]).update(status="sent")
     send_messages(ids)
     assert value(names[0], provider="smtp", priority="high", outcome="sent") - before["sent"] == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_message_a_dead_worker_left_in_sending_counts_as_requeued() -> None:
+    before = value("emailhub_emails_sent_total", provider="none", priority="low", outcome="requeued")
+    Message.objects.create(
+        to_email="ann@example.com",
+        subject="Hi",
+        priority="low",
+        status="sending",
+        attempts=1,
+        claimed_at=timezone.now() - timedelta(hours=1),
+    )
+    assert requeue_stale_sending() == 1
+    assert (
+        value("emailhub_emails_sent_total", provider="none", priority="low", outcome="requeued") - before == 1
+    )
 
 
 @pytest.mark.django_db(transaction=True)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+from collections import Counter
 
 from django.conf import settings
 from django.db import transaction
 
 from campaigns.progress import move_counters
+from core import metrics
 from delivery.services import send_events
 from delivery.services.transitions import requeue_stale
 
@@ -27,6 +29,9 @@ def requeue_stale_sending() -> int:
         )
         move_counters(failed)
         send_events.record_sends_by_priority(rows)
+        # Left `sending` by a dead worker, back to `queued` (those failed for good are not counted).
+        requeued = Counter((metrics.NO_PROVIDER, priority, "requeued") for _, priority in rows)
+        transaction.on_commit(lambda: metrics.count_emails(requeued))
     if rows:
         logger.warning("requeued %d message(s) left in `sending` by a dead worker", len(rows))
     return len(rows)
