@@ -28,6 +28,7 @@ from django.conf import settings
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.http import (
+    Http404,
     HttpRequest,
     HttpResponse,
     HttpResponseBase,
@@ -299,7 +300,15 @@ class ScheduleForm(forms.Form):
         super().clean()
         data = self.cleaned_data
         kind = data.get("type")
-        if kind is None or self.errors:
+        if kind is None:
+            return data
+        # A leftover in another type's field (a half-typed date) does not block this type.
+        ignored = {name for fields in self.TYPE_FIELDS.values() for name in fields} - set(
+            self.TYPE_FIELDS[kind]
+        )
+        for name in ignored & set(self.errors):
+            del self.errors[name]
+        if self.errors:
             return data
         zone = ZoneInfo(data.get("zone") or "UTC")
         payload: dict[str, Any] = {"type": kind}
@@ -431,7 +440,7 @@ class CampaignWorkflows(admin.ModelAdmin):
         self._may_operate(request)
         campaign = get_object_or_404(Campaign, pk=campaign_id)
         if verb not in CAMPAIGN_BUTTONS:
-            raise PermissionDenied
+            raise Http404(f"no campaign action {verb!r}")
         try:
             campaign = getattr(lifecycle, verb)(campaign.pk)
         except CampaignStateError as exc:  # changed since the page was drawn (or a double click)

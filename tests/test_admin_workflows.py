@@ -205,6 +205,16 @@ def test_each_schedule_type_from_the_admin_leaves_the_campaign_as_the_same_api_c
         theirs.refresh_from_db()
         assert [getattr(ours, f) for f in SCHEDULE_FIELDS] == [getattr(theirs, f) for f in SCHEDULE_FIELDS]
         assert ours.schedule_type == form_data["type"]
+    # A half-typed date left in another type's field does not block the type chosen.
+    leftover = twin(draft)
+    form = {
+        **open_form(admin_client, leftover),
+        "type": "immediate",
+        "scheduled_at": "2030-13-45",
+        "window_hours": "x",
+    }
+    assert admin_client.post(schedule_url(leftover), form).status_code == 302
+    assert Campaign.objects.get(pk=leftover.pk).status == "sending"
     at = Campaign.objects.filter(schedule_type="at").first()
     assert at is not None and at.status == "scheduled"
     assert at.scheduled_at == localize(wall, ZoneInfo("America/New_York"))  # read in the zone chosen
@@ -306,6 +316,8 @@ def test_pause_resume_and_cancel_buttons_on_the_campaign_page_go_through_the_lif
         admin_client.get(reverse("admin:campaigns_campaign_button", args=[draft.pk, "pause"])).status_code
         == 405
     )
+    unknown = reverse("admin:campaigns_campaign_button", args=[draft.pk, "delete"])
+    assert admin_client.post(unknown).status_code == 404
 
 
 def test_a_campaigns_messages_and_events_are_one_click_from_its_page(
