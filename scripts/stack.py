@@ -153,6 +153,8 @@ class Stack:
         `key` names this instance when several of one kind run (two schedulers, say).
         """
         key = key or name
+        if name == "web":
+            collect_static({**os.environ, **self.env, **(extra_env or {})})
         argv = _executable(argv or PROCESSES[name])
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{key}.log"
@@ -191,7 +193,6 @@ class Stack:
         raise RuntimeError(f"{process.name} not ready after {timeout:.0f}s:\n{process.log()[-3000:]}")
 
     def start_web(self, port: int, *, workers: int = 2, extra_env: dict[str, str] | None = None) -> Process:
-        collect_static({**os.environ, **self.env, **(extra_env or {})})
         argv = with_option(PROCESSES["web"], "--bind", f"127.0.0.1:{port}")
         argv = with_option(argv, "--workers", str(workers))
         url = f"http://127.0.0.1:{port}/healthz"
