@@ -488,6 +488,7 @@ class CampaignWorkflows(admin.ModelAdmin):
             change_url=change_url,
             schedulable=campaign.status == Campaign.Status.DRAFT,
             now_utc=timezone.now(),
+            operator_zone=timezone.get_current_timezone_name(),
         )
         return TemplateResponse(request, "admin/campaigns/campaign/schedule.html", context)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import csv
 import io
-from datetime import timedelta
+from datetime import datetime, time, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -470,3 +470,18 @@ def test_an_api_client_cannot_mark_its_message_as_an_admin_test_send(api: APICli
     response = api.post("/api/v1/messages", body, format="json")
     assert response.status_code == 400 and TEST_SEND_FLAG in response.content.decode()
     assert not Message.objects.exists()
+
+
+def test_the_schedule_form_reads_times_in_the_operators_zone_by_default_and_says_so(
+    admin_client: Client,
+    draft: Campaign,
+    settings,  # noqa: ANN001
+) -> None:
+    settings.TIME_ZONE = "Europe/Paris"  # the operator's zone, as the admin's zone middleware activates it
+    page = admin_client.get(schedule_url(draft))
+    assert page.context["form"].initial["zone"] == "Europe/Paris"
+    assert "in Europe/Paris)" in page.content.decode() and " UTC (" in page.content.decode()
+    wall = datetime.combine(timezone.now().date() + timedelta(days=30), time(9, 30))
+    form = {**open_form(admin_client, draft), "zone": "Europe/Paris", "type": "at"}
+    admin_client.post(schedule_url(draft), {**form, "scheduled_at": wall.strftime("%Y-%m-%dT%H:%M")})
+    assert Campaign.objects.get(pk=draft.pk).scheduled_at == localize(wall, ZoneInfo("Europe/Paris"))
