@@ -75,6 +75,15 @@ class IdempotencyConflict(DeliveryError):
     """An Idempotency-Key was reused with a different request body."""
 
 
+class BatchConflict(IdempotencyConflict):
+    """Items of an all-or-nothing batch reuse an idempotency key with another body; `indexes`
+    names them. Nothing of the batch was stored."""
+
+    def __init__(self, indexes: list[int]) -> None:
+        super().__init__(f"item(s) {', '.join(map(str, indexes))} reuse an idempotency_key with another body")
+        self.indexes = indexes
+
+
 class InvalidTestSend(DeliveryError):
     """An operator's test send that cannot go out as asked; `errors` maps each field to why."""
 

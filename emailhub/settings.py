@@ -302,6 +302,8 @@ EMAILHUB_READYZ_TIMEOUT_SECONDS = env_float("EMAILHUB_READYZ_TIMEOUT_SECONDS", 1
 # CSV uploads are files and not counted. Django's own limit for form data follows it.
 EMAILHUB_API_MAX_BODY_BYTES = env_int("EMAILHUB_API_MAX_BODY_BYTES", 10 * 1024 * 1024, minimum=1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = EMAILHUB_API_MAX_BODY_BYTES
+# Most messages in one POST /api/v1/messages/batch (one transaction); more is a 413 naming this.
+EMAILHUB_API_BATCH_MAX_MESSAGES = env_int("EMAILHUB_API_BATCH_MAX_MESSAGES", 1000, minimum=1)
 # Deepest nesting of arrays/objects in a JSON body; deeper is a 400. No field needs more than a
 # few levels, and Python's json recursion fails near 1,000.
 EMAILHUB_API_MAX_JSON_DEPTH = env_int("EMAILHUB_API_MAX_JSON_DEPTH", 32, minimum=2)

@@ -65,7 +65,12 @@ class MessageCreateSerializer(serializers.Serializer):
         return value
 
     def validate_template(self, value: str) -> Template:
-        template = Template.objects.filter(name=value).first()
+        # A batch passes a `templates` dict in the context: each name is looked up once.
+        found: dict[str, Template | None] = self._context.get("templates", {})  # `context` is a field
+        if value in found:
+            template = found[value]
+        else:
+            template = found[value] = Template.objects.filter(name=value).first()
         if template is None:
             raise serializers.ValidationError(f"no template named {value!r}")
         return template

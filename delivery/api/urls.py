@@ -1,5 +1,6 @@
 from django.urls import path
 
+from delivery.api.batch import MessageBatchView
 from delivery.api.views import (
     EventListView,
     MessageDetailView,
@@ -10,6 +11,7 @@ from delivery.api.views import (
 
 urlpatterns = [
     path("messages", MessageListView.as_view(), name="message-list"),
+    path("messages/batch", MessageBatchView.as_view(), name="message-batch"),
     path("messages/<int:message_id>", MessageDetailView.as_view(), name="message-detail"),
     path("messages/<int:message_id>/events", MessageEventsView.as_view(), name="message-events"),
     path("events", EventListView.as_view(), name="event-list"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -15,7 +15,7 @@ from django.utils import timezone
 from campaigns.models import Template
 from campaigns.unsubscribe import CONTEXT_FLAG
 from core.schedule_index import index_after_commit, message_unit
-from delivery.exceptions import IdempotencyConflict
+from delivery.exceptions import BatchConflict, IdempotencyConflict
 from delivery.models import ApiKey, Message, MessageStatus
 from delivery.services import send_events, transitions
 from delivery.tracking.links import CONTEXT_CLICKS, CONTEXT_OPENS
@@ -61,34 +61,8 @@ def accept_message(
     raises IdempotencyConflict. Concurrent requests with one key serialise on the unique index:
     the losers wait for the winner's commit, then read its row.
     """
-    now = timezone.now()
-    scheduled = new.send_at is not None and new.send_at > now
-    # No column for the flag: it rides in the context under a key no template can name.
-    context = {**(new.context or {}), CONTEXT_FLAG: True} if new.unsubscribe else new.context
-    flags = {
-        flag: True
-        for flag, wanted in ((CONTEXT_OPENS, new.track_opens), (CONTEXT_CLICKS, new.track_clicks))
-        if wanted
-    }
-    if flags:
-        context = {**(context or {}), **flags}
-    message = Message(
-        api_key=api_key,
-        to_email=new.to,
-        from_email=new.from_email or settings.EMAILHUB_DEFAULT_FROM,
-        reply_to=new.reply_to,
-        subject=new.subject,
-        html=new.html,
-        text=new.text,
-        template=new.template,
-        context=context or None,
-        priority=new.priority,
-        status=MessageStatus.SCHEDULED if scheduled else MessageStatus.QUEUED,
-        due_at=new.send_at if scheduled else None,
-        queued_at=None if scheduled else now,
-        idempotency_key=idempotency_key,
-        request_fingerprint=fingerprint if idempotency_key else None,
-    )
+    message = _build(new, api_key, idempotency_key, fingerprint, timezone.now())
+    scheduled = message.status == MessageStatus.SCHEDULED
     try:
         if connection.in_atomic_block:
             # Inside the caller's transaction a duplicate key must not break it: a savepoint.
@@ -112,6 +86,48 @@ def accept_message(
     return message, True
 
 
+def _build(
+    new: NewMessage,
+    api_key: ApiKey | None,
+    idempotency_key: str | None,
+    fingerprint: str | None,
+    now: datetime,
+) -> Message:
+    """The row for `new` (not saved): `queued` now, or `scheduled` at a future send_at."""
+    return Message(api_key=api_key, template=new.template, **_columns(new, idempotency_key, fingerprint, now))
+
+
+def _columns(
+    new: NewMessage, idempotency_key: str | None, fingerprint: str | None, now: datetime
+) -> dict[str, Any]:
+    """The column values of `new`'s row, but its api_key and template (transitions.NEW_COLUMNS)."""
+    scheduled = new.send_at is not None and new.send_at > now
+    # No column for the flag: it rides in the context under a key no template can name.
+    context = {**(new.context or {}), CONTEXT_FLAG: True} if new.unsubscribe else new.context
+    flags = {
+        flag: True
+        for flag, wanted in ((CONTEXT_OPENS, new.track_opens), (CONTEXT_CLICKS, new.track_clicks))
+        if wanted
+    }
+    if flags:
+        context = {**(context or {}), **flags}
+    return {
+        "to_email": new.to,
+        "from_email": new.from_email or settings.EMAILHUB_DEFAULT_FROM,
+        "reply_to": new.reply_to,
+        "subject": new.subject,
+        "html": new.html,
+        "text": new.text,
+        "context": context or None,
+        "priority": new.priority,
+        "status": MessageStatus.SCHEDULED if scheduled else MessageStatus.QUEUED,
+        "due_at": new.send_at if scheduled else None,
+        "queued_at": None if scheduled else now,
+        "idempotency_key": idempotency_key,
+        "request_fingerprint": fingerprint if idempotency_key else None,
+    }
+
+
 def _insert(message: Message, scheduled: bool) -> None:
     """The message row with, in the same statement, its send task's outbox event (published
     after commit); a scheduled one instead goes to the schedule index after commit."""
@@ -123,3 +139,103 @@ def _insert(message: Message, scheduled: bool) -> None:
         transitions.insert(
             message, run=lambda sql, params: send_events.insert_with_send(sql, params, message.priority)
         )
+
+
+# --- batches --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BatchItem:
+    """One message of a batch, with its own optional idempotency key (scoped to the API key,
+    shared with the single-message endpoint's Idempotency-Key) and its body's fingerprint."""
+
+    message: NewMessage
+    idempotency_key: str | None = None
+    fingerprint: str | None = None
+
+
+@dataclass
+class BatchAccepted:
+    """Per item, in order: the message id (None for an item in `conflicts`), its status, and
+    whether it is an earlier message returned again for its idempotency key."""
+
+    ids: list[int | None]
+    statuses: list[str | None]
+    replayed: list[bool]
+    conflicts: list[int] = field(default_factory=list)  # indexes: key used with another body
+
+
+def accept_batch(items: list[BatchItem], *, api_key: ApiKey | None, partial: bool = False) -> BatchAccepted:
+    """Store a batch of messages in one transaction and hand them to their queues after commit:
+    one INSERT for every row, one outbox INSERT for the send tasks (one task per priority's
+    batch size, as campaigns do: a `normal` batch of 1,000 is 10 tasks, critical ones stay one
+    per message on their own queue), and the scheduled ones indexed after commit.
+
+    An item whose idempotency key was used before (by this API key, in this batch or earlier)
+    with the same body gets that message again (`replayed`); with another body it is a
+    conflict: the whole batch raises BatchConflict and writes nothing, or with `partial` only
+    that item is left out (its index in `conflicts`).
+    """
+    now = timezone.now()
+    count = len(items)
+    accepted = BatchAccepted(ids=[None] * count, statuses=[None] * count, replayed=[False] * count)
+    # A key repeated inside the batch: the first item carries it, the others follow it.
+    first_with_key: dict[str, int] = {}
+    follows: dict[int, int] = {}
+    for index, item in enumerate(items):
+        if item.idempotency_key is not None:
+            first = first_with_key.setdefault(item.idempotency_key, index)
+            if first != index:
+                follows[index] = first
+    leaders = [index for index in range(count) if index not in follows]
+    rows = [_columns(items[i].message, items[i].idempotency_key, items[i].fingerprint, now) for i in leaders]
+    for i, row in zip(leaders, rows, strict=True):
+        template = items[i].message.template
+        row["template_id"] = template.pk if template is not None else None
+    api_key_id = api_key.pk if api_key is not None else None
+    with transaction.atomic():
+        inserted = transitions.insert_many(api_key_id, rows)
+        by_key = {key: message_id for message_id, key in inserted if key is not None}
+        unkeyed = iter(message_id for message_id, key in inserted if key is None)
+        fresh: list[tuple[int, str]] = []  # (id, priority) of the queued rows inserted now
+        scheduled: list[tuple[str, datetime]] = []
+        taken: list[int] = []  # leaders whose key an earlier message holds
+        for i, row in zip(leaders, rows, strict=True):
+            key = items[i].idempotency_key
+            message_id = next(unkeyed) if key is None else by_key.get(key)
+            if message_id is None:
+                taken.append(i)
+                continue
+            accepted.ids[i], accepted.statuses[i] = message_id, row["status"]
+            if row["status"] == MessageStatus.SCHEDULED:
+                scheduled.append((message_unit(message_id), row["due_at"]))
+            else:
+                fresh.append((message_id, row["priority"]))
+        if taken:
+            earlier = {
+                key: (message_id, fingerprint, status)
+                for key, message_id, fingerprint, status in Message.objects.filter(
+                    api_key_id=api_key_id, idempotency_key__in=[items[i].idempotency_key for i in taken]
+                ).values_list("idempotency_key", "id", "request_fingerprint", "status")
+            }
+            for i in taken:
+                message_id, fingerprint, status = earlier[items[i].idempotency_key]
+                if fingerprint != items[i].fingerprint:
+                    accepted.conflicts.append(i)
+                else:
+                    accepted.ids[i], accepted.statuses[i], accepted.replayed[i] = message_id, status, True
+        for i, first in follows.items():
+            if items[i].fingerprint != items[first].fingerprint or first in accepted.conflicts:
+                accepted.conflicts.append(i)
+            else:
+                accepted.ids[i], accepted.statuses[i], accepted.replayed[i] = (
+                    accepted.ids[first],
+                    accepted.statuses[first],
+                    True,
+                )
+        accepted.conflicts.sort()
+        if accepted.conflicts and not partial:
+            raise BatchConflict(accepted.conflicts)  # rolls the batch back: nothing was accepted
+        send_events.record_sends_by_priority(fresh)
+        index_after_commit(scheduled)
+    return accepted

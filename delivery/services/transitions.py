@@ -68,6 +68,55 @@ def insert(message: Message, *, run: Callable[[str, Sequence[Any]], tuple[Any, .
     message._state.adding, message._state.db = False, connection.alias
 
 
+
+# The columns a batch of new messages gives (the rest take their defaults), with their SQL types.
+NEW_COLUMNS = {
+    "template_id": "bigint",
+    "to_email": "text",
+    "from_email": "text",
+    "reply_to": "text",
+    "subject": "text",
+    "html": "text",
+    "text": "text",
+    "context": "jsonb",
+    "priority": "text",
+    "status": "text",
+    "due_at": "timestamptz",
+    "queued_at": "timestamptz",
+    "idempotency_key": "text",
+    "request_fingerprint": "text",
+}
+_INSERT_MANY_SQL = f"""
+INSERT INTO delivery_message (api_key_id, {", ".join(NEW_COLUMNS)})
+SELECT %s, {", ".join(f"u.{name}::{kind}" if kind == "jsonb" else f"u.{name}" for name, kind in NEW_COLUMNS.items())}
+  FROM unnest({", ".join(f"%s::{'text' if kind == 'jsonb' else kind}[]" for kind in NEW_COLUMNS.values())})
+       AS u({", ".join(NEW_COLUMNS)})
+ON CONFLICT (api_key_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+RETURNING id, idempotency_key
+"""
+
+
+def insert_many(api_key_id: int | None, rows: Sequence[dict[str, Any]]) -> list[tuple[int, str | None]]:
+    """New transactional messages (NEW_COLUMNS of each, `queued` or `scheduled`) in one
+    `INSERT … SELECT FROM unnest(…)`; a row whose idempotency key this API key already used is
+    skipped (ON CONFLICT DO NOTHING: a concurrent insert of the key is waited for).
+
+    Returns (id, idempotency_key) of the rows inserted, in the order given (PostgreSQL returns
+    an INSERT … SELECT's rows in insertion order, which Django's bulk_create relies on too).
+    """
+    if not rows:
+        return []
+    columns: list[list[Any]] = [[] for _ in NEW_COLUMNS]
+    for row in rows:
+        for values, name in zip(columns, NEW_COLUMNS, strict=True):
+            values.append(row[name])
+    context = list(NEW_COLUMNS).index("context")
+    columns[context] = [None if value is None else json.dumps(value) for value in columns[context]]
+    with connection.cursor() as db:
+        db.execute(_INSERT_MANY_SQL, [api_key_id, *columns])
+        return db.fetchall()
+
+
 # --- materialise a campaign's messages (fan-out) ------------------------------------------------
 
 # What a step reports: the new cursor, how many members it looked at, the ids it created.
