@@ -30,12 +30,13 @@ from campaigns.models import (
 )
 from campaigns.reporting import campaign_report
 from campaigns.services import compile_template, contact_context
+from core.admin import ZonedTimesMixin
 from core.templating import TemplateSyntaxError
 from core.validators import STORABLE_JSON_FORMFIELDS, SenderForm
 
 
 @admin.register(Contact)
-class ContactAdmin(admin.ModelAdmin):
+class ContactAdmin(ZonedTimesMixin):
     formfield_overrides = STORABLE_JSON_FORMFIELDS  # NUL in attributes: a form error, not a 500
     """Delete anonymises (campaigns.erasure): the record that mail was sent to a contact stays.
 
@@ -95,14 +96,14 @@ class ContactAdmin(admin.ModelAdmin):
 
 
 @admin.register(ContactList)
-class ContactListAdmin(admin.ModelAdmin):
+class ContactListAdmin(ZonedTimesMixin):
     list_display = ("name", "created_at")
     search_fields = ("name",)
     readonly_fields = ("created_at",)
 
 
 @admin.register(ListMembership)
-class ListMembershipAdmin(admin.ModelAdmin):
+class ListMembershipAdmin(ZonedTimesMixin):
     list_display = ("contact_list", "contact", "added_at")
     list_filter = ("contact_list",)
     search_fields = ("=contact__email",)
@@ -112,7 +113,7 @@ class ListMembershipAdmin(admin.ModelAdmin):
 
 
 @admin.register(Suppression)
-class SuppressionAdmin(admin.ModelAdmin):
+class SuppressionAdmin(ZonedTimesMixin):
     # The detail is the provider's diagnostic (bounce subtype, complaint type): why it is here.
     list_display = ("email", "reason", "detail", "created_at")
     list_filter = ("reason",)
@@ -121,7 +122,7 @@ class SuppressionAdmin(admin.ModelAdmin):
 
 
 @admin.register(Template)
-class TemplateAdmin(TemplateWorkflows):
+class TemplateAdmin(ZonedTimesMixin, TemplateWorkflows):
     formfield_overrides = STORABLE_JSON_FORMFIELDS  # NUL in defaults: a form error, not a 500
     list_display = ("name", "subject", "updated_at")
     search_fields = ("name", "subject")
@@ -250,7 +251,7 @@ class CampaignForm(SenderForm):
 
 
 @admin.register(Campaign)
-class CampaignAdmin(CampaignWorkflows):
+class CampaignAdmin(ZonedTimesMixin, CampaignWorkflows):
     """State changes go through the actions (lifecycle services). Status, counters, cursor and
     timestamps are never written from this form: a full-row save would overwrite what workers
     and fan-out moved meanwhile. A draft's content is saved through lifecycle.update_draft (locked
@@ -407,7 +408,7 @@ def _interval(bounds: list[float] | None, show: Any) -> str:
     return "—" if not bounds else f"{show(bounds[0])} to {show(bounds[1])}"
 
 
-class WorkerWrittenAdmin(admin.ModelAdmin):
+class WorkerWrittenAdmin(ZonedTimesMixin):
     """Tables only a task writes (import jobs: progress, counters, resume point; engagement
     profiles): shown, never saved, so a form opened mid-run cannot write stale values back."""
 

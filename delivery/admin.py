@@ -10,7 +10,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from campaigns.models import Campaign
-from core.admin import ReadOnlyAdmin
+from core.admin import ReadOnlyAdmin, ZonedTimesMixin
 from delivery.authentication import revoke_api_key
 from delivery.models import ApiKey, ApiKeyScope, EmailEvent, Message
 from delivery.selectors import feedback_rates_by_provider, provider_chains, provider_health
@@ -178,7 +178,7 @@ def revoke_api_keys(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset
 
 
 @admin.register(ApiKey)
-class ApiKeyAdmin(admin.ModelAdmin):
+class ApiKeyAdmin(ZonedTimesMixin):
     form = ApiKeyForm
     list_display = ("name", "prefix", "scope_list", "created_at", "revoked_at")
     list_filter = (("revoked_at", admin.EmptyFieldListFilter),)
