@@ -151,12 +151,12 @@ def _schedule_variant(
 SCHEDULE_REQUEST = PolymorphicProxySerializer(
     component_name="ScheduleRequest",
     resource_type_field_name="type",
-    serializers=[
-        _schedule_variant("ScheduleImmediate", "immediate"),
-        _schedule_variant(
+    serializers={
+        "immediate": _schedule_variant("ScheduleImmediate", "immediate"),
+        "at": _schedule_variant(
             "ScheduleAt", "at", scheduled_at=serializers.DateTimeField(help_text="a future instant")
         ),
-        _schedule_variant(
+        "local_time": _schedule_variant(
             "ScheduleLocalTime",
             "local_time",
             local_date=serializers.DateField(),
@@ -167,7 +167,7 @@ SCHEDULE_REQUEST = PolymorphicProxySerializer(
                 help_text="for recipients whose local time has passed (default next_day)",
             ),
         ),
-        _schedule_variant(
+        "optimized": _schedule_variant(
             "ScheduleOptimized",
             "optimized",
             window_start=serializers.DateTimeField(required=False, help_text="default: now"),
@@ -180,7 +180,7 @@ SCHEDULE_REQUEST = PolymorphicProxySerializer(
                 max_value=lifecycle.HOLDOUT_PERCENT[1],
             ),
         ),
-    ],
+    },
 )
 
 # The 409 of every state change on a campaign.

@@ -10,6 +10,7 @@ from rest_framework import serializers
 
 from campaigns.models import Priority, Template
 from campaigns.unsubscribe import CONTEXT_FLAG
+from core.api_schema import EmailAddressField
 from core.validators import no_crlf, validate_mailbox
 from delivery.models import EmailEvent, Message
 from delivery.services.test_sends import TEST_SEND_FLAG
@@ -17,7 +18,7 @@ from delivery.tracking.links import CONTEXT_CLICKS, CONTEXT_OPENS
 
 
 class MessageCreateSerializer(serializers.Serializer):
-    to = serializers.CharField(max_length=254)
+    to = EmailAddressField(max_length=254)
     # `from` is a keyword in Python, so the field is added under its JSON name in __init__.
     reply_to = serializers.CharField(max_length=254, required=False)
     subject = serializers.CharField(max_length=998, required=False, trim_whitespace=False)
@@ -99,7 +100,7 @@ class MessageCreateSerializer(serializers.Serializer):
 
 
 class MessageSerializer(serializers.ModelSerializer):
-    to = serializers.CharField(source="to_email")
+    to = EmailAddressField(source="to_email")
     template: serializers.SlugRelatedField = serializers.SlugRelatedField(
         slug_field="name", read_only=True, allow_null=True
     )

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.db.models import QuerySet
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
 from rest_framework import generics, mixins, status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -50,6 +50,28 @@ class MessageListView(mixins.ListModelMixin, generics.GenericAPIView):
             202: MessageSerializer,
             422: error_response(422, f"the {IDEMPOTENCY_HEADER} was used before with another body"),
         },
+        examples=[
+            OpenApiExample(
+                "Content in the request",
+                {
+                    "to": "ada@example.com",
+                    "subject": "Your code",
+                    "text": "Your code is 123456",
+                    "priority": "critical",
+                },
+                request_only=True,
+            ),
+            OpenApiExample(
+                "From a template",
+                {
+                    "to": "ada@example.com",
+                    "template": "welcome",
+                    "context": {"name": "Ada"},
+                    "priority": "high",
+                },
+                request_only=True,
+            ),
+        ],
         parameters=[
             OpenApiParameter(
                 IDEMPOTENCY_HEADER,

@@ -1,0 +1,186 @@
+"""The OpenAPI schema: generated without one drf-spectacular warning, valid OpenAPI, and true to
+the API in the ways clients rely on (core/api_schema.py; tests/test_api_schemathesis.py checks
+it against a live server)."""
+
+from __future__ import annotations
+
+import json
+from io import StringIO
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+from django.core.management import call_command
+from drf_spectacular.drainage import GENERATOR_STATS
+from openapi_spec_validator import validate
+from rest_framework.test import APIClient
+
+from core.api_schema import ERROR_SCHEMA
+from emailhub.api_errors import error_body
+
+
+@pytest.fixture(scope="module")
+def schema(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """`manage.py spectacular --validate --fail-on-warn`: any warning or error fails here."""
+    path = Path(tmp_path_factory.mktemp("schema")) / "openapi.json"
+    GENERATOR_STATS.reset()
+    stderr = StringIO()
+    try:
+        call_command(
+            "spectacular", "--validate", "--fail-on-warn", "--format", "openapi-json", "--file", str(path),
+            stderr=stderr,
+        )  # fmt: skip
+    except Exception as exc:  # noqa: BLE001 — the command's own error, with what it printed
+        pytest.fail(f"schema generation failed: {exc}\n{stderr.getvalue()}")
+    return json.loads(path.read_text())
+
+
+def operations(schema: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    return [(path, method, op) for path, ops in schema["paths"].items() for method, op in ops.items()]
+
+
+def resolve(schema: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
+    """The schema a `$ref` (or drf-spectacular's one-item `allOf` around one) points to."""
+    while "$ref" in node or len(node.get("allOf", [])) == 1:
+        node = node["allOf"][0] if "allOf" in node else node
+        if "$ref" in node:
+            node = schema["components"]["schemas"][node["$ref"].rsplit("/", 1)[1]]
+    return node
+
+
+def test_the_schema_is_generated_without_warnings_and_is_valid_openapi(schema: dict[str, Any]) -> None:
+    validate(schema)
+    assert schema["openapi"].startswith("3.")
+    assert "/api/schema/" not in schema["paths"]  # the schema documents the API, not itself
+    assert len(operations(schema)) >= 50
+
+
+def test_every_keyed_operation_declares_the_bearer_scheme_and_the_webhook_none(
+    schema: dict[str, Any],
+) -> None:
+    scheme = schema["components"]["securitySchemes"]["ApiKey"]
+    assert scheme == {**scheme, "type": "http", "scheme": "bearer"}
+    for path, method, operation in operations(schema):
+        if path == "/api/v1/webhooks/{provider}":
+            assert operation["security"] == [] and "401" not in operation["responses"]
+        else:
+            assert operation["security"] == [{"ApiKey": []}], (method, path)
+            assert {"401", "403"} <= operation["responses"].keys(), (method, path)
+
+
+def test_every_error_response_has_the_one_error_shape(schema: dict[str, Any]) -> None:
+    for path, method, operation in operations(schema):
+        responses = operation["responses"]
+        assert "400" in responses and "500" not in responses, (method, path)
+        if "{" in path:
+            assert "404" in responses, (method, path)
+        if "requestBody" in operation:
+            assert {"411", "413"} <= responses.keys(), (method, path)
+        for code, response in responses.items():
+            if code[0] in "45" and code != "414":  # 414 is gunicorn's own HTML page
+                assert response["content"] == {
+                    "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
+                }, (method, path, code)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "code"),
+    [
+        ("put", "/api/v1/campaigns/{id}", "409"),
+        ("patch", "/api/v1/campaigns/{id}", "409"),
+        ("post", "/api/v1/campaigns/{id}/schedule", "409"),
+        ("post", "/api/v1/campaigns/{id}/pause", "409"),
+        ("post", "/api/v1/campaigns/{id}/resume", "409"),
+        ("post", "/api/v1/campaigns/{id}/cancel", "409"),
+        ("delete", "/api/v1/templates/{id}", "409"),
+        ("delete", "/api/v1/lists/{id}", "409"),
+        ("post", "/api/v1/messages", "422"),
+        ("post", "/api/v1/contacts", "415"),
+        ("post", "/api/v1/contacts/import", "415"),
+        ("post", "/api/v1/webhooks/{provider}", "503"),
+        ("get", "/api/v1/contacts", "414"),
+    ],
+)
+def test_operations_document_the_errors_only_they_answer(
+    schema: dict[str, Any], method: str, path: str, code: str
+) -> None:
+    assert code in schema["paths"][path][method]["responses"]
+
+
+def test_the_webhook_reads_no_body_format_so_it_documents_no_415(schema: dict[str, Any]) -> None:
+    assert "415" not in schema["paths"]["/api/v1/webhooks/{provider}"]["post"]["responses"]
+
+
+def test_request_bodies_are_documented_as_accepted(schema: dict[str, Any]) -> None:
+    paths = schema["paths"]
+    for action in ("pause", "resume", "cancel"):
+        assert "requestBody" not in paths[f"/api/v1/campaigns/{{id}}/{action}"]["post"]
+    body = paths["/api/v1/campaigns/{id}/schedule"]["post"]["requestBody"]["content"]["application/json"]
+    request = resolve(schema, body["schema"])
+    assert request["discriminator"]["propertyName"] == "type"
+    variants = {
+        ref.rsplit("/", 1)[1]: resolve(schema, {"$ref": ref})
+        for ref in request["discriminator"]["mapping"].values()
+    }
+    assert set(request["discriminator"]["mapping"]) == {"immediate", "at", "local_time", "optimized"}
+    assert "scheduled_at" in variants["ScheduleAt"]["required"]
+    assert {"local_date", "local_time"} <= set(variants["ScheduleLocalTime"]["required"])
+    assert variants["ScheduleOptimized"]["properties"]["window_hours"]["maximum"] == 168
+    for method in ("post", "delete"):
+        members = paths["/api/v1/lists/{id}/members"][method]["requestBody"]["content"]["application/json"]
+        assert resolve(schema, members["schema"])["required"] == ["contact_ids"]
+    imported = paths["/api/v1/contacts/import"]["post"]["requestBody"]["content"]
+    assert set(imported) == {"multipart/form-data", "text/csv"}
+
+
+def test_responses_are_typed_where_the_shape_is_known(schema: dict[str, Any]) -> None:
+    def success(path: str, method: str = "get") -> dict[str, Any]:
+        responses = schema["paths"][path][method]["responses"]
+        code = next(code for code in responses if code.startswith("2"))
+        return resolve(schema, responses[code]["content"]["application/json"]["schema"])
+
+    providers = success("/api/v1/providers")
+    assert set(providers["properties"]) == {"chains", "providers"}
+    provider = resolve(schema, providers["properties"]["providers"]["items"])
+    assert resolve(schema, provider["properties"]["circuit"])["properties"]["state"]
+    dashboard = success("/api/v1/schedules")
+    assert {"schedules", "queue_snapshot", "count"} <= set(dashboard["properties"])
+    snapshot = resolve(schema, dashboard["properties"]["queue_snapshot"])
+    assert set(snapshot["properties"]) == {"critical", "high", "normal", "low"}
+    report = success("/api/v1/campaigns/{id}/report")
+    assert {"open_rate", "click_rate", "open_hits", "lift"} <= set(report["properties"])
+    assert set(success("/api/v1/templates/{id}/preview", "post")["properties"]) == {"subject", "html", "text"}
+    campaign = success("/api/v1/campaigns/{id}")
+    assert "percent_done" in resolve(schema, campaign["properties"]["progress"])["properties"]
+    assert "received" in success("/api/v1/webhooks/{provider}", "post")["properties"]
+
+
+def test_addresses_enums_and_idempotency_headers_are_declared(schema: dict[str, Any]) -> None:
+    components = schema["components"]["schemas"]
+    assert components["MessageCreate"]["properties"]["to"]["format"] == "email"
+    assert components["Contact"]["properties"]["email"]["format"] == "email"
+    assert components["Suppression"]["properties"]["email"]["format"] == "email"
+    assert components["PriorityEnum"]["enum"] == ["critical", "high", "normal", "low"]
+    assert components["ScheduleTypeEnum"]["enum"] == ["immediate", "at", "local_time", "optimized"]
+    assert "ScheduleType496Enum" not in components
+    send = schema["paths"]["/api/v1/messages"]["post"]
+    (header,) = [p for p in send["parameters"] if p["name"] == "Idempotency-Key"]
+    assert header["in"] == "header" and header["schema"]["maxLength"] == 255
+    assert "Idempotent-Replayed" in send["responses"]["202"]["headers"]
+
+
+def test_the_error_schema_describes_the_bodies_the_api_answers(api: APIClient) -> None:
+    bodies = [
+        error_body(413, "too big", limit={"name": "EMAILHUB_API_MAX_BODY_BYTES", "value": 10}),
+        api.post("/api/v1/messages", {"to": "nope"}, format="json").json(),  # fields
+        api.post("/api/v1/lists/1/members", {"contact_ids": [1, "x"]}, format="json").json(),  # 404
+        api.post("/api/v1/lists", {"name": ["x"]}, format="json").json(),
+        api.get("/api/v1/messages?cursor=bogus").json(),
+        APIClient().get("/api/v1/messages").json(),  # 401
+    ]
+    for body in bodies:
+        jsonschema.validate(body, ERROR_SCHEMA)
+    assert bodies[4]["error"]["fields"] == {
+        "cursor": ["invalid cursor; follow a page's `next` or `previous` link"]
+    }
