@@ -7,7 +7,8 @@ registry, whichever gunicorn worker answers. Two gauges are computed here, at sc
 the state every process shares instead of from any one process's memory:
 
 - `emailhub_queue_depth{priority,state}`: the queue snapshot of GET /api/v1/schedules
-  (scheduling.selectors.queue_snapshot; one scan of delivery_message, see docs/scheduling.md);
+  (scheduling.selectors.queue_snapshot; one scan of delivery_message, see docs/scheduling.md;
+  reused for QUEUE_DEPTH_MAX_AGE_SECONDS);
 - `emailhub_circuit_state{provider}`: 0 closed, 1 half-open, 2 open, from the breakers' Redis
   state (delivery.selectors.provider_health).
 
@@ -24,6 +25,7 @@ import hmac
 import ipaddress
 import logging
 import os
+import time
 from collections.abc import Iterator
 from functools import lru_cache
 
@@ -43,6 +45,19 @@ logger = logging.getLogger(__name__)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 CIRCUIT_STATES = {"closed": 0, "half-open": 1, "open": 2}
+# The queue snapshot is a sequential scan of delivery_message (~1 s per 10M rows, see
+# docs/scheduling.md): a gunicorn worker reuses its last one this long, so several scrapers (or
+# a scraper retrying) cost one scan per worker per interval, not one each.
+QUEUE_DEPTH_MAX_AGE_SECONDS = 10.0
+_last_snapshot: tuple[float, dict[str, dict[str, int]]] | None = None
+
+
+def _queue_snapshot() -> dict[str, dict[str, int]]:
+    global _last_snapshot
+    now = time.monotonic()
+    if _last_snapshot is None or now - _last_snapshot[0] > QUEUE_DEPTH_MAX_AGE_SECONDS:
+        _last_snapshot = (now, queue_snapshot())
+    return _last_snapshot[1]
 
 
 class SharedStateCollector(Collector):
@@ -53,7 +68,7 @@ class SharedStateCollector(Collector):
             "emailhub_scrape_source_up", "1 if the source of scrape-time metrics answered", labels=["source"]
         )
         try:
-            snapshot = queue_snapshot()
+            snapshot = _queue_snapshot()
         except Exception as exc:  # noqa: BLE001 - the rest of the scrape must still answer
             logger.warning("metrics: queue snapshot unavailable: %s", exc)
             up.add_metric(["queue"], 0)
