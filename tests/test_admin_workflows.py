@@ -358,7 +358,7 @@ def test_a_campaigns_messages_and_events_are_one_click_from_its_page(
     assert "bob@example.com" in found and "ann@example.com" not in found
     # Each message's page lists its events.
     detail = admin_client.get(reverse("admin:delivery_message_change", args=[ours.pk])).content.decode()
-    assert "bounced" in detail
+    assert 'id="events-group"' in detail and "bounced" in detail
 
 
 # --- template preview and test send ---------------------------------------------------------
@@ -485,3 +485,17 @@ def test_the_schedule_form_reads_times_in_the_operators_zone_by_default_and_says
     form = {**open_form(admin_client, draft), "zone": "Europe/Paris", "type": "at"}
     admin_client.post(schedule_url(draft), {**form, "scheduled_at": wall.strftime("%Y-%m-%dT%H:%M")})
     assert Campaign.objects.get(pk=draft.pk).scheduled_at == localize(wall, ZoneInfo("Europe/Paris"))
+
+
+def test_scheduling_and_the_buttons_need_the_change_campaign_permission(
+    client: Client, draft: Campaign
+) -> None:
+    user = User.objects.create_user("viewer", password="x", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="view_campaign"))
+    client.force_login(user)
+    assert client.get(schedule_url(draft)).status_code == 403
+    assert client.post(schedule_url(draft), {"type": "immediate", "zone": "UTC"}).status_code == 403
+    assert (
+        client.post(reverse("admin:campaigns_campaign_button", args=[draft.pk, "cancel"])).status_code == 403
+    )
+    assert Campaign.objects.get(pk=draft.pk).status == "draft" and not OutboxEvent.objects.exists()
