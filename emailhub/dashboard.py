@@ -126,12 +126,24 @@ def _campaign_rows(now: datetime, campaigns: list[dict[str, Any]]) -> list[dict[
                 "rate_per_second": round(rate, 2) if rate is not None else None,
                 "rate_basis": rate_basis,
                 "eta_seconds": round(eta) if eta is not None else None,
+                "eta_display": _duration(eta) if eta is not None else "-",
                 "started_at": _iso(c["started_at"]),
                 "started_at_display": zoned_text(c["started_at"]),
                 "url": reverse("admin:campaigns_campaign_change", args=[c["id"]]),
             }
         )
     return rows
+
+
+def _duration(seconds: float) -> str:
+    """An ETA for people: "45 s", "12 min", "3 h 05 min"."""
+    whole = round(seconds)
+    if whole < 90:
+        return f"{whole} s"
+    if whole < 90 * 60:
+        return f"{round(whole / 60)} min"
+    hours, minutes = divmod(round(whole / 60), 60)
+    return f"{hours} h {minutes:02d} min"
 
 
 def _iso(value: datetime | None) -> str | None:

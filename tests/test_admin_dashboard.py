@@ -70,7 +70,7 @@ def test_dashboard_shows_a_campaign_in_flight_with_progress_queue_providers_and_
     assert 'id="dashboard"' in html and 'data-url="/admin/dashboard/data/"' in html
     bar = re.search(rf'<progress class="campaign-progress" data-campaign-id="{campaign.pk}"[^>]*>', html)
     assert bar is not None
-    assert 'value="50.0"' in bar.group(0) and 'aria-valuenow="50.0"' in bar.group(0)  # (4 + 1) / 10
+    assert 'value="50"' in bar.group(0) and 'aria-valuenow="50"' in bar.group(0)  # (4 + 1) / 10
     row = re.search(rf'<tr class="campaign-row" data-campaign-id="{campaign.pk}">.*?</tr>', html, re.S)
     assert row is not None
     assert "winter sale" in row.group(0)
@@ -118,12 +118,19 @@ def test_dashboard_json_rate_over_the_window_and_eta(
     assert row["rate_basis"] == "window"
     assert row["rate_per_second"] == pytest.approx(rate, abs=0.01)
     assert row["eta_seconds"] == pytest.approx(5 / rate, abs=1)
+    assert row["eta_display"] == f"{row['eta_seconds']} s"  # about 50 s
     assert redis.zcard(key) >= 3  # every read leaves its sample
 
     lifecycle.pause(campaign.pk)
     data = admin_client.get("/admin/dashboard/data/").json()
     (row,) = [c for c in data["campaigns"] if c["id"] == campaign.pk]
     assert row["status"] == "paused" and row["rate_per_second"] is None and row["eta_seconds"] is None
+
+
+def test_eta_reads_as_a_duration() -> None:
+    assert [dashboard._duration(s) for s in (45, 89.4, 720, 5399, 11_100)] == [
+        "45 s", "89 s", "12 min", "90 min", "3 h 05 min",
+    ]  # fmt: skip
 
 
 def test_dashboard_survives_redis_being_away(admin_client: Client, smtp: SMTPTestServer) -> None:

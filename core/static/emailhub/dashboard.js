@@ -65,7 +65,7 @@
       cell(row, c.total, "campaign-total");
       cell(row, c.rate_per_second === null ? "-" :
         c.rate_per_second + "/s" + (c.rate_basis === "since_start" ? " (avg)" : ""), "campaign-rate");
-      var eta = cell(row, c.eta_seconds === null ? "-" : c.eta_seconds + " s", "campaign-eta");
+      var eta = cell(row, c.eta_display, "campaign-eta");
       eta.dataset.etaSeconds = c.eta_seconds === null ? "" : String(c.eta_seconds);
       cell(row, c.started_at_display, "campaign-started");
       tbody.appendChild(row);
