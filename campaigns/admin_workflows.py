@@ -12,6 +12,20 @@
   (`delivery.services.test_sends`: a critical/high transactional message through the pipeline).
 
 The admin classes in `campaigns/admin.py` take these as mixins; each adds its URLs in get_urls.
+
+Stable element ids (the browser tests drive these): import — `#import-upload-link` (list page),
+`#import-form` (`#id_file`, `#id_contact_list`, `#id_list_name`), `#import-submit`,
+`#import-progress` (`data-status`, `data-percent`), `#import-status`, `#import-percent`,
+`#import-rows`, `#import-rejections`, `#import-rejections-csv`; campaign page —
+`#campaign-schedule-link`, `#campaign-pause`, `#campaign-resume`, `#campaign-cancel`,
+`#campaign-messages-link`, `#campaign-events-link`, `#campaign-progress` (`data-status`,
+`data-percent`), `#campaign-percent`; schedule page — `#schedule-form` (`#id_type_0..3` for
+immediate, at, local_time, optimized; `#id_scheduled_at`, `#id_zone`, `#id_local_date`,
+`#id_local_time`, `#id_past_time_policy`, `#id_window_start`, `#id_window_hours`,
+`#id_holdout_percent`), `#schedule-submit`, `#schedule-refused`; template page —
+`#template-preview-link`, `#preview-form` (`#id_contact`), `#preview-frame`, `#preview-subject`,
+`#preview-text`, `#test-send-form` (`#test-send-to`, `#test-send-priority`), `#test-send-submit`,
+`#test-send-message` (the link in the result message).
 """
 
 from __future__ import annotations
