@@ -447,6 +447,9 @@ def main() -> int:
             f"{len(retired.campaigns)} unfinished campaign(s) and {len(retired.messages)} pending "
             "message(s) cancelled"
         )
+        # The demo's Redis database holds only transport (queued housekeeping ticks, breaker
+        # state), all rebuilt from PostgreSQL; empty it so nothing there waits for a worker.
+        redis.Redis.from_url(DEMO_REDIS_URL).flushdb()
     if sink is not None:
         console.print(f"the SMTP sink says: {sink.log().strip().splitlines()[-1]}")
     return 0 if ok else 1
