@@ -5,7 +5,7 @@ is a cookie, not a profile row: the admin's frame sets it from the browser's own
 (`Intl.DateTimeFormat().resolvedOptions().timeZone`, core/static/emailhub/admin.js) the first
 time, and the operator can pick another on /admin/timezone/. An unknown or missing name means
 UTC only. The middleware reads one cookie and touches nothing else, so it costs an API request
-(which carries no cookie) next to nothing.
+next to nothing, and only admin pages are shown in the operator's zone.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from django.utils import timezone
 from core.timezones import known_timezones
 
 TIMEZONE_COOKIE = "emailhub_tz"
+ADMIN_PREFIX = "/admin/"  # emailhub/urls.py mounts the admin, and its own pages, there
 
 
 def operator_zone_name(request: HttpRequest) -> str | None:
@@ -32,7 +33,10 @@ class OperatorTimezoneMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        name = operator_zone_name(request) if TIMEZONE_COOKIE in request.COOKIES else None
+        # The admin only: the API writes instants in UTC whatever cookie a browser sends along
+        # (Swagger's "Try it out" runs on the same origin).
+        admin = request.path_info.startswith(ADMIN_PREFIX)
+        name = operator_zone_name(request) if admin and TIMEZONE_COOKIE in request.COOKIES else None
         if name:
             timezone.activate(zoneinfo.ZoneInfo(name))
         else:

@@ -75,6 +75,7 @@ AXES_COOLOFF_TIME = timedelta(minutes=env_float("EMAILHUB_LOGIN_COOLOFF_MINUTES"
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 AXES_ENABLE_ADMIN = False  # core/admin.py registers its tables read-only instead
+AXES_LOCKOUT_TEMPLATE = "admin/lockout.html"  # the admin's frame, answered with a 429
 
 ROOT_URLCONF = "emailhub.urls"
 WSGI_APPLICATION = "emailhub.wsgi.application"

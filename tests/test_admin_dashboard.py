@@ -188,6 +188,9 @@ def test_the_sixth_wrong_password_locks_the_user_out_until_the_cool_off(
         _login(client, "wrong")
     # Locked out: the right password is refused too, and no session is made.
     assert _login(client, "right-horse-battery") == 429
+    refused = client.post("/admin/login/", {"username": "operator", "password": "x"}, REMOTE_ADDR="10.0.0.7")
+    assert refused.status_code == 429 and "Too many failed logins" in refused.content.decode()
+    assert "for <strong>operator</strong>" in refused.content.decode()
     assert client.get("/admin/").status_code == 302
     # Another address is another pair: one guesser cannot lock the operator out everywhere.
     assert _login(client, "right-horse-battery", ip="10.0.0.8") == 302
@@ -321,3 +324,10 @@ def test_the_operator_picks_a_zone_and_a_bad_one_is_refused(admin_client: Client
     # An unknown zone in the cookie (hand-edited) is ignored: UTC only.
     admin_client.cookies[TIMEZONE_COOKIE] = "Nowhere/Special"
     assert "Times: UTC</a>" in admin_client.get("/admin/").content.decode()
+
+
+def test_the_api_writes_utc_whatever_zone_cookie_a_browser_sends(api) -> None:  # noqa: ANN001
+    message = Message.objects.create(to_email="a@example.com", subject="s", text="t", priority="high")
+    api.cookies[TIMEZONE_COOKIE] = "Asia/Tokyo"
+    body = api.get(f"/api/v1/messages/{message.pk}").json()
+    assert body["created_at"].endswith("Z")
