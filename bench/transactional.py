@@ -17,7 +17,10 @@ The phases of a run, one after the other on the same machine:
 2. emailhub, web alone: the same client POSTing `priority: critical` messages while no worker
    runs (the tasks wait in the broker; the transactional worker then sends them all);
    `accept_ratio` = this rate / the reference's;
-3. emailhub with the transactional worker running: accept rate and accept -> SMTP 250 latency;
+3. emailhub with the transactional worker running: accept rate and accept -> SMTP 250 latency
+   under that closed-loop flood (a backlog builds whenever accepting outpaces sending, so this
+   latency grows with the accept rate); then `--paced` critical messages at `--paced-rate` per
+   second from one client, the SLA's case: `paced_p99` is the latency to compare across versions;
 4. batch (unless `--batches 0`): `POST /api/v1/messages/batch` of `--batch-size` `normal`
    messages from the same client threads, no worker running; then the bulk worker sends them.
    `batch_ratio` = accepted messages/s of the batch endpoint / phase 2's.
@@ -162,6 +165,36 @@ def post_messages(
     return [r["id"] for r in results], elapsed, api_ms
 
 
+def post_paced(url: str, api_key: str, count: int, rate: float, tag: str) -> list[int]:
+    """POST `count` critical messages at `rate` per second from one keep-alive client (open loop:
+    each request starts at its slot, or at once if the previous answer came late); return ids."""
+    ids = []
+    with requests.Session() as session:
+        session.headers["Authorization"] = f"Bearer {api_key}"
+        started = time.perf_counter()
+        for i in range(count):
+            delay = started + i / rate - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            response = session.post(url, json=message_body(i, tag), timeout=30)
+            if response.status_code != 202:
+                raise RuntimeError(
+                    f"the API refused a message: HTTP {response.status_code}: {response.text[:300]}"
+                )
+            ids.append(response.json()["id"])
+    return ids
+
+
+def latencies_ms(ids: list[int]) -> list[float]:
+    """accept -> SMTP 250 (sent_at - created_at) of these messages, sorted."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT EXTRACT(EPOCH FROM sent_at - created_at) * 1000 FROM delivery_message WHERE id = ANY(%s)",
+            [ids],
+        )
+        return sorted(float(row[0]) for row in cursor.fetchall())
+
+
 def post_batches(
     url: str, api_key: str, batches: int, size: int, concurrency: int, tag: str
 ) -> tuple[list[int], float, list[float]]:
@@ -203,6 +236,8 @@ METRICS = [
     ("latency_p95", "ms"),
     ("latency_p99", "ms"),
     ("latency_max", "ms"),
+    ("paced_p50", "ms"),
+    ("paced_p99", "ms"),
     ("worker_peak_rss", "MB"),
     ("batch_accept_per_s", "msgs/s"),
     ("batch_e2e_per_s", "msgs/s"),
@@ -328,6 +363,16 @@ def one_run(args: argparse.Namespace, env: dict[str, str], api_key: str, number:
             }
         )
 
+        # Phase 3b: critical messages at a steady rate below capacity (the SLA's case: latency
+        # without the backlog a closed-loop flood builds, which grows with the accept rate).
+        if args.paced:
+            paced = post_paced(url, api_key, args.paced, args.paced_rate, f"paced {number}")
+            wait_until_sent(paced, args.timeout)
+            expected += len(paced)
+            paced_ms = latencies_ms(paced)
+            result.update({f"paced_p{p}": percentile(paced_ms, p) for p in (50, 99)})
+            result["paced_max"] = paced_ms[-1]
+
         # Phase 4: the batch endpoint, no worker for `normal` running; then the bulk worker sends.
         if args.batches:
             warm, _, _ = post_batches(url, api_key, 1, args.batch_size, 1, f"batch warm-up {number}")
@@ -381,6 +426,10 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=20, help="unmeasured requests first in each phase")
     parser.add_argument("--concurrency", type=int, default=4, help="client threads, a Session each")
     parser.add_argument("--web-workers", type=int, default=2)
+    parser.add_argument("--paced", type=int, default=300, help="critical messages at --paced-rate (0: none)")
+    parser.add_argument(
+        "--paced-rate", type=float, default=50.0, help="messages per second of the paced phase"
+    )
     parser.add_argument("--batches", type=int, default=10, help="batch requests per run (0: no batch phase)")
     parser.add_argument("--batch-size", type=int, default=1000)
     parser.add_argument("--sink", choices=["postfix", "aiosmtpd"], default="postfix")
@@ -421,6 +470,11 @@ def main() -> int:
             f"  CPU per message: web {r['web_cpu_ms']:.2f} ms, worker {r['worker_cpu_ms']:.2f} ms; "
             f"PostgreSQL sessions opened: {r['db_sessions']}; worker peak RSS {r['worker_peak_rss']:.0f} MB"
         )
+        if "paced_p99" in r:
+            print(
+                f"  paced at {args.paced_rate:.0f}/s: accept->SMTP 250 p50 {r['paced_p50']:.1f} "
+                f"p99 {r['paced_p99']:.1f} max {r['paced_max']:.1f} ms"
+            )
         if "batch_accept_per_s" in r:
             print(
                 f"  batch: accepted {r['batch_accept_per_s']:.0f} msgs/s ({r['batch_web_cpu_ms']:.3f} ms "

@@ -137,9 +137,10 @@ def record(kind: str, payload: Payload) -> None:
 
 def insert_with_event(
     statement: str, params: Sequence[Any], kind: str, payload_sql: str, payload_params: Sequence[Any] = ()
-) -> tuple[Any, ...]:
+) -> tuple[Any, ...] | None:
     """Run the caller's `INSERT … RETURNING …` and record one event of `kind` in the same SQL
-    statement, then publish it after commit as record_many does. Returns the statement's row.
+    statement, then publish it after commit as record_many does. Returns the statement's row, or
+    None (and records nothing) when it inserted none.
 
     `payload_sql` is the event's JSON payload as a SQL expression over the returned columns,
     which it names `inserted` (e.g. `jsonb_build_object('id', inserted.id, 'n', %s)` with
@@ -157,7 +158,10 @@ def insert_with_event(
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, [*params, kind, *payload_params])
-        *row, event_id, payload = cursor.fetchone()
+        found = cursor.fetchone()
+    if found is None:
+        return None  # the caller's INSERT inserted nothing (ON CONFLICT DO NOTHING): no event
+    *row, event_id, payload = found
     pending = [(event_id, kind, json.loads(payload))]
     transaction.on_commit(lambda: _publish_after_commit(pending))
     return tuple(row)

@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from campaigns.models import Template
@@ -61,40 +61,32 @@ def accept_message(
     raises IdempotencyConflict. Concurrent requests with one key serialise on the unique index:
     the losers wait for the winner's commit, then read its row.
     """
-    message = _build(new, api_key, idempotency_key, fingerprint, timezone.now())
-    scheduled = message.status == MessageStatus.SCHEDULED
-    try:
-        if connection.in_atomic_block:
-            # Inside the caller's transaction a duplicate key must not break it: a savepoint.
-            with transaction.atomic():
-                _insert(message, scheduled)
-        else:
-            # Outside one (a web request), the INSERT and its outbox event are one statement
-            # in autocommit: its own transaction, no BEGIN, SAVEPOINT or COMMIT round trips.
-            # A duplicate idempotency key waits on the unique index for the other request's
-            # commit, then fails, and the row it read is the winner's committed one.
-            _insert(message, scheduled)
-    except IntegrityError:
-        if not idempotency_key:
-            raise
+    columns = _columns(new, idempotency_key, fingerprint, timezone.now())
+    row = {**columns, "template_id": new.template.pk if new.template is not None else None}
+    api_key_id = api_key.pk if api_key is not None else None
+    scheduled = row["status"] == MessageStatus.SCHEDULED
+    # One statement (ON CONFLICT DO NOTHING on the idempotency key, so no error and no savepoint
+    # even inside a caller's transaction). Outside one (a web request) it runs in autocommit:
+    # the row and its outbox event are their own transaction, no BEGIN or COMMIT round trips. A
+    # concurrent request with the same key waits on the unique index for the other's commit,
+    # inserts nothing, and then reads the winner's committed row.
+    if scheduled:
+        inserted = transitions.insert_one(api_key_id, row)
+    else:
+        inserted = transitions.insert_one(
+            api_key_id, row, run=lambda sql, params: send_events.insert_with_send(sql, params, new.priority)
+        )
+    if inserted is None:
         existing = Message.objects.get(api_key=api_key, idempotency_key=idempotency_key)
         if existing.request_fingerprint != fingerprint:
-            raise IdempotencyConflict(
-                "this Idempotency-Key was already used with a different request body"
-            ) from None
+            raise IdempotencyConflict("this Idempotency-Key was already used with a different request body")
         return existing, False
+    message = Message(api_key=api_key, template=new.template, **columns)
+    message.pk, message.created_at = inserted
+    message._state.adding, message._state.db = False, "default"
+    if scheduled:
+        index_after_commit([(message_unit(message.pk), row["due_at"])])
     return message, True
-
-
-def _build(
-    new: NewMessage,
-    api_key: ApiKey | None,
-    idempotency_key: str | None,
-    fingerprint: str | None,
-    now: datetime,
-) -> Message:
-    """The row for `new` (not saved): `queued` now, or `scheduled` at a future send_at."""
-    return Message(api_key=api_key, template=new.template, **_columns(new, idempotency_key, fingerprint, now))
 
 
 def _columns(
@@ -126,19 +118,6 @@ def _columns(
         "idempotency_key": idempotency_key,
         "request_fingerprint": fingerprint if idempotency_key else None,
     }
-
-
-def _insert(message: Message, scheduled: bool) -> None:
-    """The message row with, in the same statement, its send task's outbox event (published
-    after commit); a scheduled one instead goes to the schedule index after commit."""
-    if scheduled:
-        transitions.insert(message)
-        assert message.due_at is not None  # `scheduled` means send_at is in the future
-        index_after_commit([(message_unit(message.pk), message.due_at)])
-    else:
-        transitions.insert(
-            message, run=lambda sql, params: send_events.insert_with_send(sql, params, message.priority)
-        )
 
 
 # --- batches --------------------------------------------------------------------------------

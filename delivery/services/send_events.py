@@ -53,7 +53,7 @@ def record_sends_by_priority(rows: Iterable[tuple[int, str]]) -> None:
         record_sends(ids, priority, settings.EMAILHUB_BATCH_SIZES[priority])
 
 
-def insert_with_send(statement: str, params: Sequence[Any], priority: str) -> tuple[Any, ...]:
+def insert_with_send(statement: str, params: Sequence[Any], priority: str) -> tuple[Any, ...] | None:
     """Run an `INSERT … RETURNING id, …` of one message and record its send task in the same
     statement (core.outbox.insert_with_event); the payload is record_send's."""
     return outbox.insert_with_event(
