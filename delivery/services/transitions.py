@@ -390,13 +390,14 @@ def record_outcomes(outcomes: Outcomes) -> Recorded:
             if sent:
                 ids, provider_ids = zip(*sent, strict=True)
                 db.execute(
-                    """
+                    f"""
                     UPDATE delivery_message AS m
                        SET status = 'sent', sent_at = clock_timestamp(), provider = %s,
                            provider_message_id = v.provider_message_id, last_error = NULL
                       FROM unnest(%s::bigint[], %s::text[]) AS v(id, provider_message_id)
                      WHERE m.id = v.id AND m.status = 'sending'
-                    RETURNING m.campaign_id, m.priority
+                    RETURNING m.campaign_id, m.priority,
+                              extract(epoch FROM clock_timestamp() - {_ACCEPTED_AT_SQL})::float8
                     """,
                     [provider, list(ids), list(provider_ids)],
                 )
@@ -408,13 +409,12 @@ def record_outcomes(outcomes: Outcomes) -> Recorded:
             if rows:
                 ids, errors = zip(*rows, strict=True)
                 db.execute(
-                    f"""
+                    """
                     UPDATE delivery_message AS m
                        SET status = %s, last_error = v.error
                       FROM unnest(%s::bigint[], %s::text[]) AS v(id, error)
                      WHERE m.id = v.id AND m.status = 'sending'
-                    RETURNING m.campaign_id, m.priority,
-                              extract(epoch FROM clock_timestamp() - {_ACCEPTED_AT_SQL})::float8
+                    RETURNING m.campaign_id, m.priority
                     """,
                     [status, list(ids), list(errors)],
                 )
