@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -48,8 +49,10 @@ from scripts.stack import Stack
 # of its own that it never uses (the web process, not the test, talks to the database).
 pytestmark = [pytest.mark.processes, pytest.mark.django_db]
 
-EXAMPLES = 8
-SEED = 20261201
+# A deeper run by hand: SCHEMATHESIS_EXAMPLES=200 SCHEMATHESIS_COVERAGE=1 pytest tests/test_api_schemathesis.py
+EXAMPLES = int(os.environ.get("SCHEMATHESIS_EXAMPLES", "8"))
+COVERAGE = os.environ.get("SCHEMATHESIS_COVERAGE", "") == "1"  # boundary values per parameter
+SEED = int(os.environ.get("SCHEMATHESIS_SEED", "20261201"))
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 
 
@@ -114,7 +117,7 @@ CONFIG = schemathesis.Config.from_dict(
             # The key is the fixture's real one; generated Authorization headers would all be 401s.
             "with-security-parameters": False,
         },
-        "phases": {"coverage": {"enabled": False}, "stateful": {"enabled": False}},
+        "phases": {"coverage": {"enabled": COVERAGE}, "stateful": {"enabled": False}},
     }
 )
 schema = schemathesis.openapi.from_dict(_generated_schema(), config=CONFIG)
