@@ -16,6 +16,7 @@ from axes.models import AccessAttempt
 from django.contrib.auth.models import User
 from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
@@ -34,8 +35,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture(autouse=True)
-def _dashboard_redis() -> None:
+def _dashboard_redis(monkeypatch: pytest.MonkeyPatch) -> None:
     dashboard.reset_client()  # the conftest's Redis database, flushed per test
+    monkeypatch.setattr(dashboard, "SHARED_SECONDS", 0.0)  # every read computes (one test shares)
 
 
 def _running_campaign(smtp: SMTPTestServer, size: int = 10, sent: int = 4) -> Campaign:
@@ -125,6 +127,26 @@ def test_dashboard_json_rate_over_the_window_and_eta(
     data = admin_client.get("/admin/dashboard/data/").json()
     (row,) = [c for c in data["campaigns"] if c["id"] == campaign.pk]
     assert row["status"] == "paused" and row["rate_per_second"] is None and row["eta_seconds"] is None
+
+
+def test_viewers_share_one_computed_refresh_per_zone(
+    admin_client: Client, smtp: SMTPTestServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    campaign = _running_campaign(smtp)
+    monkeypatch.setattr(dashboard, "SHARED_SECONDS", 60.0)
+    first = admin_client.get("/admin/dashboard/data/").json()
+    Campaign.objects.filter(pk=campaign.pk).update(sent_count=9)
+    with CaptureQueriesContext(connection) as queries:
+        again = admin_client.get("/admin/dashboard/").content.decode()
+    assert not [q for q in queries.captured_queries if "delivery_message" in q["sql"]]
+    assert f'data-refreshed-at="{first["generated_at"]}"' in again  # the same refresh
+    assert '<td class="campaign-sent">4</td>' in again
+    # Another zone's display strings differ: computed apart, and it sees the new counter.
+    admin_client.cookies[TIMEZONE_COOKIE] = "Asia/Tokyo"
+    tokyo = admin_client.get("/admin/dashboard/data/").json()
+    assert tokyo["generated_at"] != first["generated_at"] and "JST" in tokyo["generated_at_display"]
+    (row,) = [c for c in tokyo["campaigns"] if c["id"] == campaign.pk]
+    assert row["sent"] == 9
 
 
 def test_eta_reads_as_a_duration() -> None:
