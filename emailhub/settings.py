@@ -22,6 +22,20 @@ DEBUG = env_bool("EMAILHUB_DEBUG", False)
 SECRET_KEY = env_str("EMAILHUB_SECRET_KEY", "dev-only-insecure-secret-key-change-me")
 ALLOWED_HOSTS = env_list("EMAILHUB_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
 
+# Served over HTTPS (behind a TLS-terminating proxy that sets X-Forwarded-Proto): secure cookies,
+# HSTS and a redirect of plain HTTP, except the probes a load balancer or Prometheus reaches on the
+# inside. Off by default (the demo, the tests and a first `gunicorn` run are plain HTTP on
+# loopback); `manage.py check --deploy` warns (security.W004/W008/W012/W016) until it is on.
+HTTPS = env_bool("EMAILHUB_HTTPS", False)
+if HTTPS:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = True
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = env_int("EMAILHUB_HSTS_SECONDS", 31_536_000, minimum=0)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("EMAILHUB_HSTS_INCLUDE_SUBDOMAINS", False)
+
 INSTALLED_APPS = [
     "django.contrib.admin",
     "django.contrib.auth",
@@ -225,6 +239,9 @@ SMTP_USERNAME = env_str("SMTP_USERNAME", "")
 SMTP_PASSWORD = env_str("SMTP_PASSWORD", "")
 SMTP_STARTTLS = env_bool("SMTP_STARTTLS", False)
 SMTP_TIMEOUT = env_float("SMTP_TIMEOUT", 10.0, minimum=0.1)
+# Connections one worker process spreads a pipelined batch over (delivery/providers/smtp.py), one
+# per 20 messages of the batch: their round trips overlap. Transactional batches (1 or 10) use one.
+SMTP_CONNECTIONS = env_int("SMTP_CONNECTIONS", 4, minimum=1)
 # DKIM keys for mail sent over SMTP (SES and SendGrid sign for us), loaded once per worker
 # process by delivery/providers/dkim.py: JSON {"example.com": [{"selector": "rsa2026", "key":
 # "/path/rsa.pem"}, {"selector": "ed2026", "key": "/path/ed25519.pem"}]} or a directory of

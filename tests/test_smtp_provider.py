@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from delivery.exceptions import ProviderThrottled, ProviderUnavailable
@@ -231,3 +233,83 @@ def test_pipelined_batch_through_postfix_smtp_sink() -> None:
         assert sink.count() == 200
     finally:
         sink.stop()
+
+
+# --- several connections per provider (SMTP_CONNECTIONS) ---------------------------------------
+
+
+def several(server: SMTPTestServer, connections: int) -> SMTPProvider:
+    return SMTPProvider(host=server.host, port=server.port, timeout=5, connections=connections)
+
+
+def test_a_batch_is_spread_over_several_pipelined_connections(smtp: SMTPTestServer) -> None:
+    smtp_provider = several(smtp, 3)
+    results = smtp_provider.send_batch([email(n) for n in range(1, 61)])
+    assert [r.outcome for r in results] == [Outcome.ACCEPTED] * 60
+    received = smtp.wait_for(60)
+    assert sorted(m.rcpt_tos[0] for m in received) == sorted(f"user{n}@example.com" for n in range(1, 61))
+    assert len({m.peer for m in received}) == 3
+    by_rcpt = {m.rcpt_tos[0]: m.parsed()["Message-ID"].strip("<>") for m in received}
+    assert [by_rcpt[f"user{n}@example.com"] for n in range(1, 61)] == [r.provider_message_id for r in results]
+    smtp_provider.send_batch([email(n) for n in range(61, 121)])  # the same three connections again
+    assert len({m.peer for m in smtp.wait_for(120)}) == 3
+    smtp_provider.close()
+
+
+def test_a_small_batch_keeps_one_connection(smtp: SMTPTestServer) -> None:
+    smtp_provider = several(smtp, 4)
+    assert [r.outcome for r in smtp_provider.send_batch([email(n) for n in range(1, 11)])] == [
+        Outcome.ACCEPTED
+    ] * 10
+    assert len({m.peer for m in smtp.wait_for(10)}) == 1
+    smtp_provider.close()
+
+
+def test_several_connections_keep_per_recipient_outcomes_and_reset_after_a_refusal(
+    smtp: SMTPTestServer,
+) -> None:
+    smtp.reply_for("gone@example.com", "550 5.1.1 mailbox unavailable")
+    smtp_provider = several(smtp, 2)
+    # 40 messages over 2 connections (alternately): every fifth refused, and the last two, so
+    # each connection's last transaction of the batch fails at RCPT.
+    gone = {n for n in range(1, 41) if n % 5 == 0 or n > 38}
+    first = smtp_provider.send_batch(
+        [email(n, "gone@example.com" if n in gone else None) for n in range(1, 41)]
+    )
+    assert [r.outcome for r in first] == [
+        Outcome.PERMANENT if n in gone else Outcome.ACCEPTED for n in range(1, 41)
+    ]
+    assert all("550" in r.error and r.suppress for n, r in zip(range(1, 41), first, strict=True) if n in gone)
+    # ... so the next batch starts with RSET on both, and goes.
+    second = smtp_provider.send_batch([email(n) for n in range(41, 81)])
+    assert [r.outcome for r in second] == [Outcome.ACCEPTED] * 40
+    expected = sorted(f"user{n}@example.com" for n in range(1, 81) if n not in gone)
+    assert sorted(m.rcpt_tos[0] for m in smtp.wait_for(len(expected))) == expected
+    assert len({m.peer for m in smtp.messages}) == 2
+    smtp_provider.close()
+
+
+def test_several_connections_survive_a_dropped_one_and_send_each_message_once(smtp: SMTPTestServer) -> None:
+    smtp_provider = several(smtp, 3)
+    smtp_provider.send_batch([email(n) for n in range(1, 61)])
+    smtp.drop_next_connections(1)  # whichever connection sends the next MAIL FROM is closed
+    results = smtp_provider.send_batch([email(n) for n in range(61, 121)])
+    assert [r.outcome for r in results] == [Outcome.ACCEPTED] * 60
+    received = smtp.wait_for(120)
+    assert sorted(m.rcpt_tos[0] for m in received) == sorted(f"user{n}@example.com" for n in range(1, 121))
+    smtp_provider.close()
+
+
+def test_slow_down_on_one_connection_reports_exactly_what_the_server_took(smtp: SMTPTestServer) -> None:
+    smtp.reply_for("user20@example.com", "451 4.7.0 Too many messages, slow down")
+    smtp_provider = several(smtp, 3)
+    with pytest.raises(ProviderThrottled) as caught:
+        smtp_provider.send_batch([email(n) for n in range(1, 61)])
+    partial = caught.value.partial
+    assert all(r.outcome is Outcome.ACCEPTED for r in partial.values()) and 20 not in partial
+    # The other connections finished what was in flight and started nothing new: the accepted
+    # results are exactly the messages the server received (none is sent twice on retry).
+    time.sleep(0.2)
+    assert sorted(int(m.rcpt_tos[0][4:].split("@")[0]) for m in smtp.messages) == sorted(partial)
+    assert 10 < len(partial) < 30
+    smtp_provider.close()

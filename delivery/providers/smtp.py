@@ -10,6 +10,8 @@ previous message's content and final dot, then this message's MAIL FROM, RCPT TO
 (DATA is the last command of a group, §3.1: the content waits for its 354), and the replies are
 read back in order: one round trip per message. Each reply is judged as smtplib's would be, so
 outcomes, suppression, 421, throttling and reconnecting are the same as one by one
+(`_pipeline`). A batch is also spread over up to SMTP_CONNECTIONS connections (one per
+MESSAGES_PER_CONNECTION messages), driven in turn so that their round trips overlap
 (`_send_pipelined`). Without the extension, messages go one by one through smtplib (`send_one`).
 """
 
@@ -19,7 +21,7 @@ import logging
 import re
 import smtplib
 import socket
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +57,12 @@ class _Prepared:
     content: bytes  # dot-stuffed, ending in CRLF.CRLF
 
 
+class _Stop:
+    """Shared by the lanes of one batch: set when one of them meets a provider-wide refusal."""
+
+    requested = False
+
+
 class _Lost(Exception):
     """The connection went away (closed, reset, timed out, or a 421) while a message was in flight."""
 
@@ -65,6 +73,9 @@ class _Lost(Exception):
 
 class SMTPProvider(Provider):
     name = "smtp"
+    # An extra connection costs a TCP + EHLO set-up and a slot of the relay's connection limit:
+    # worth it for a share of at least this many messages.
+    MESSAGES_PER_CONNECTION = 20
 
     def __init__(
         self,
@@ -77,6 +88,7 @@ class SMTPProvider(Provider):
         timeout: float = 10.0,
         message_id_domain: str = "emailhub.local",
         dkim: DkimSigner | None = None,
+        connections: int = 1,
     ) -> None:
         self.host = host
         self.port = port
@@ -88,6 +100,11 @@ class SMTPProvider(Provider):
         # Loaded once per process with the provider; a domain without a key is sent unsigned.
         self.dkim = dkim or DkimSigner()
         self._connection: smtplib.SMTP | None = None
+        # Connections a pipelined batch is spread over (SMTP_CONNECTIONS); the extra ones are
+        # providers of their own (`_lanes`), opened when a batch first needs them.
+        self.connections = max(1, connections)
+        self._extra: list[SMTPProvider] = []
+        self._needs_reset = False  # the connection's last transaction failed before its content
 
     @classmethod
     def from_settings(cls) -> SMTPProvider:
@@ -100,6 +117,7 @@ class SMTPProvider(Provider):
             timeout=settings.SMTP_TIMEOUT,
             message_id_domain=settings.EMAILHUB_MESSAGE_ID_DOMAIN,
             dkim=DkimSigner.from_setting(settings.EMAILHUB_DKIM_KEYS),
+            connections=settings.SMTP_CONNECTIONS,
         )
 
     def _connect(self) -> smtplib.SMTP:
@@ -181,45 +199,85 @@ class SMTPProvider(Provider):
         return _Prepared(email.message_id, message_id.strip("<>"), commands, content + b".\r\n")
 
     def _send_pipelined(self, emails: list[OutgoingEmail]) -> dict[int, SendResult]:
+        """The batch over up to `connections` connections, pipelined on each, driven in turn: each
+        writes its next group before any waits for its replies, so their round trips overlap."""
         results: dict[int, SendResult] = {}
-        pending: list[_Prepared] = []
+        prepared: list[_Prepared] = []
         for email in emails:
             try:
-                pending.append(self._prepare(email))
+                prepared.append(self._prepare(email))
             except ValueError as exc:
                 results[email.message_id] = SendResult.unbuildable(str(exc))
+        lanes = self._lanes(len(prepared))
+        stop = _Stop()
+        runs = [lane._lane(prepared[i :: len(lanes)], results, stop) for i, lane in enumerate(lanes)]
+        failures: list[ProviderThrottled | ProviderUnavailable] = []
+        while runs:
+            for run in list(runs):
+                try:
+                    next(run)
+                except StopIteration:
+                    runs.remove(run)
+                except (ProviderThrottled, ProviderUnavailable) as exc:
+                    # The provider refuses as a whole: the other lanes start nothing new but
+                    # finish what is in flight, so every message the server took is known.
+                    runs.remove(run)
+                    failures.append(exc)
+                    stop.requested = True
+        for failure in failures:
+            if isinstance(failure, ProviderThrottled):
+                failure.partial = dict(results)
+                raise failure
+        unavailable = [f for f in failures if isinstance(f, ProviderUnavailable)]
+        if unavailable:
+            if not results:
+                raise unavailable[0]
+            return self._rest_unavailable(emails, results, unavailable[0])
+        return results
+
+    def _lanes(self, messages: int) -> list[SMTPProvider]:
+        """This provider's connection and one more per MESSAGES_PER_CONNECTION messages of the
+        batch (at most `connections`), each an SMTPProvider of its own kept open for the next
+        batch. A transactional batch (1 or 10 messages) keeps its one connection and its order:
+        a refusal part-way stops it before the next message is started."""
+        wanted = max(1, min(self.connections, messages // self.MESSAGES_PER_CONNECTION))
+        while len(self._extra) < wanted - 1:
+            self._extra.append(
+                SMTPProvider(
+                    host=self.host, port=self.port, username=self.username, password=self.password,
+                    starttls=self.starttls, timeout=self.timeout, message_id_domain=self.message_id_domain,
+                    dkim=self.dkim, connections=1,
+                )
+            )  # fmt: skip
+        return [self, *self._extra[: wanted - 1]]
+
+    def _lane(self, pending: list[_Prepared], results: dict[int, SendResult], stop: _Stop) -> Iterator[None]:
+        """This connection's share of a batch; yields after each write (see _pipeline)."""
         reconnected: set[int] = set()
-        while pending:
+        while True:
             try:
-                self._pipeline(pending, results)
+                yield from self._pipeline(pending, results, stop)
+                return
             except _Lost as lost:
                 # In flight when the connection went: the first message not finished. It gets
                 # one new connection; if that goes too, the provider is unavailable.
                 self._drop()
-                head = pending[lost_at(pending, results)].id
-                if head not in reconnected:
-                    reconnected.add(head)
-                    pending = [p for p in pending if p.id not in results]
-                    continue
-                unavailable = ProviderUnavailable(lost.args[0], **_lost_fields(lost.exc, self.name))
-                if not results:
-                    raise unavailable from lost.exc
-                return self._rest_unavailable(emails, results, unavailable)
-            except ProviderThrottled as exc:
+                pending = [p for p in pending if p.id not in results]
+                if not pending:
+                    return
+                if pending[0].id in reconnected or stop.requested:
+                    raise ProviderUnavailable(lost.args[0], **_lost_fields(lost.exc, self.name)) from lost.exc
+                reconnected.add(pending[0].id)
+            except (ProviderThrottled, ProviderUnavailable):
                 self._drop()  # replies may still be on their way: never reuse a half-read stream
-                exc.partial = dict(results)
                 raise
-            except ProviderUnavailable as exc:
-                self._drop()
-                if not results:
-                    raise
-                return self._rest_unavailable(emails, results, exc)
-            break
-        return results
 
-    def _pipeline(self, pending: list[_Prepared], results: dict[int, SendResult]) -> None:
-        """Send `pending` pipelined over the current connection, recording each outcome in
-        `results` as its last reply arrives. Raises _Lost when the connection goes."""
+    def _pipeline(
+        self, pending: list[_Prepared], results: dict[int, SendResult], stop: _Stop
+    ) -> Iterator[None]:
+        """Send `pending` pipelined over this lane's connection, recording each outcome in
+        `results` as its last reply arrives; yields after each write, before reading its
+        replies. Raises _Lost when the connection goes."""
         connection = self._connect()
         try:
             connection.ehlo_or_helo_if_needed()  # a new connection after a reconnect
@@ -227,17 +285,22 @@ class SMTPProvider(Provider):
             raise _Lost(f"SMTP connection lost: {exc}", exc) from exc
         previous: _Prepared | None = None  # its DATA got 354: its content goes first in the next write
         previous_failure: SendResult | None = None  # refused before its content was even sent
-        reset = False  # the last transaction failed before DATA: RSET before the next MAIL
-        for current in [*pending, None]:
+        queue = iter(pending)
+        while True:
+            current = None if stop.requested else next(queue, None)
             if previous is None and current is None:
-                break
+                return
             out = [previous.content] if previous is not None else []
+            # The last transaction failed before its content (refused MAIL, RCPT or DATA):
+            # RSET first, or a server still holding its MAIL would refuse the next one.
+            reset = self._needs_reset and current is not None
             if reset:
                 out.append(b"RSET\r\n")
             if current is not None:
                 out.append(current.commands)
             try:
                 connection.send(b"".join(out))
+                yield
                 if previous is not None:
                     code, reply = self._reply(connection)
                     results[previous.id] = previous_failure or self._judge_end(previous, code, reply)
@@ -249,9 +312,9 @@ class SMTPProvider(Provider):
                             f"SMTP {code} to RSET: {_decode(reply)}",
                             smtplib.SMTPResponseException(code, reply),
                         )
-                    reset = False
+                    self._needs_reset = False
                 if current is None:
-                    break
+                    return
                 replies = [self._reply(connection) for _ in range(3)]  # MAIL, RCPT, DATA
             except _CONNECTION_ERRORS as exc:
                 raise _Lost(f"SMTP connection lost: {exc}", exc) from exc
@@ -262,7 +325,7 @@ class SMTPProvider(Provider):
             else:
                 # _judge_envelope names the refusal: a reply other than 354 to DATA is one.
                 results[current.id] = failure or self._judge_data(*replies[2])
-                reset = True
+                self._needs_reset = True
 
     def _reply(self, connection: smtplib.SMTP) -> tuple[int, bytes]:
         code, reply = connection.getreply()
@@ -311,14 +374,19 @@ class SMTPProvider(Provider):
         return result
 
     def close(self) -> None:
+        for lane in self._extra:
+            lane.close()
+        self._extra = []
         if self._connection is not None:
             try:
                 self._connection.quit()
             except Exception:  # noqa: BLE001 - closing a dead connection must not fail shutdown
                 self._connection.close()
             self._connection = None
+        self._needs_reset = False
 
     def _drop(self) -> None:
+        self._needs_reset = False
         if self._connection is not None:
             try:
                 self._connection.close()
