@@ -9,6 +9,7 @@ copied into each view:
   any query or header before a view runs);
 - 401 and 403 where the operation takes an API key (no or unknown key; a key without the scope);
 - 404 where the path has a parameter (no such object);
+- 406 unless the view answers whatever `Accept` says (core.api_negotiation.IgnoreAccept);
 - 411 and 413 where it takes a body (chunked without Content-Length; larger than the limit);
   415 where DRF parses that body (a Content-Type none of the view's parsers reads);
 - 414 where it takes query parameters: gunicorn's own answer to an overlong request line.
@@ -30,6 +31,8 @@ from drf_spectacular import openapi
 from drf_spectacular.plumbing import ResolvedComponent
 from drf_spectacular.utils import OpenApiResponse, extend_schema_field
 from rest_framework import serializers
+
+from core.api_negotiation import IgnoreAccept
 
 ERROR_COMPONENT = "Error"
 ERROR_REF = {"$ref": f"#/components/schemas/{ERROR_COMPONENT}"}
@@ -78,6 +81,7 @@ ERROR_DESCRIPTIONS = {
     401: "no API key, or an unknown or revoked one (`Authorization: Bearer <api key>`)",
     403: "the API key lacks the scope this operation needs",
     404: "no such object (or one this key may not see)",
+    406: "an Accept header that excludes application/json",
     409: "the object's state does not allow this",
     411: "a chunked body without Content-Length (it would not be read)",
     413: "the body is larger than the limit `limit` names",
@@ -129,6 +133,8 @@ class AutoSchema(openapi.AutoSchema):
         keyed = bool(operation.get("security"))
         operation.setdefault("security", [])  # no key: said, not left to a reader's guess
         statuses = [400]
+        if not issubclass(self.view.content_negotiation_class, IgnoreAccept):
+            statuses.append(406)
         if keyed:
             statuses += [401, 403]
         if "{" in path:

@@ -11,11 +11,13 @@ from typing import Any
 
 import jsonschema
 import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
 from django.core.management import call_command
 from drf_spectacular.drainage import GENERATOR_STATS
 from openapi_spec_validator import validate
 from rest_framework.test import APIClient
 
+from campaigns.import_jobs import create_import_job
 from core.api_schema import ERROR_SCHEMA
 from emailhub.api_errors import error_body
 
@@ -184,3 +186,32 @@ def test_the_error_schema_describes_the_bodies_the_api_answers(api: APIClient) -
     assert bodies[4]["error"]["fields"] == {
         "cursor": ["invalid cursor; follow a page's `next` or `previous` link"]
     }
+
+
+def test_accept_is_negotiated_where_documented_and_ignored_where_it_cannot_matter(api: APIClient) -> None:
+    # A JSON operation refuses an Accept without JSON (406, documented, in the Error shape)...
+    refused = api.get("/api/v1/messages", HTTP_ACCEPT="text/html")
+    assert refused.status_code == 406
+    jsonschema.validate(refused.json(), ERROR_SCHEMA)
+    # ...but the CSV download takes `Accept: text/csv` (it was a 406), its errors still JSON...
+    missing = api.get("/api/v1/imports/999999/rejections.csv", HTTP_ACCEPT="text/csv")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+    # ...and a provider's odd Accept does not make its webhook refuse the batch.
+    webhook = api.post(
+        "/api/v1/webhooks/sendgrid", b"[]", content_type="application/json", HTTP_ACCEPT="text/html"
+    )
+    assert webhook.status_code != 406 and webhook["Content-Type"] == "application/json"
+
+
+def test_the_csv_download_streams_csv_for_accept_text_csv(api: APIClient) -> None:
+    upload = SimpleUploadedFile("c.csv", b"email\nnot-an-address\nada@example.com\n", content_type="text/csv")
+    job = create_import_job(upload, filename="c.csv", publish=False)
+    response = api.get(f"/api/v1/imports/{job.pk}/rejections.csv", HTTP_ACCEPT="text/csv")
+    assert response.status_code == 200 and response["Content-Type"].startswith("text/csv")
+    assert b"".join(response.streaming_content).startswith(b"line,reason,excerpt")
+
+
+def test_every_json_operation_documents_406(schema: dict[str, Any]) -> None:
+    for path, method, operation in operations(schema):
+        ignores_accept = path in ("/api/v1/imports/{id}/rejections.csv", "/api/v1/webhooks/{provider}")
+        assert ("406" in operation["responses"]) is not ignores_accept, (method, path)

@@ -24,6 +24,7 @@ from rest_framework.views import APIView
 from campaigns import import_jobs
 from campaigns.api.pagination import IdCursorPagination
 from campaigns.models import ImportIssue, ImportJob
+from core.api_negotiation import IgnoreAccept
 
 
 class ImportJobSerializer(serializers.ModelSerializer):
@@ -138,7 +139,9 @@ def _csv_lines(job: ImportJob) -> Iterator[str]:
 
 
 class ImportRejectionsCsvView(APIView):
-    @extend_schema(responses={(200, "text/csv"): OpenApiTypes.STR, 404: OpenApiTypes.OBJECT})
+    content_negotiation_class = IgnoreAccept  # `Accept: text/csv` was a 406 (core.api_negotiation)
+
+    @extend_schema(responses={(200, "text/csv"): OpenApiTypes.STR})
     def get(self, request: Request, pk: int, *args: Any) -> StreamingHttpResponse:
         """Every rejected row as CSV (line, reason, excerpt), streamed."""
         job = get_object_or_404(ImportJob, pk=pk)

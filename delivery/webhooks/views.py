@@ -13,6 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core import metrics
+from core.api_negotiation import IgnoreAccept
 from delivery.api.schemas import WebhookResultSerializer
 from delivery.webhooks import (
     ForgedWebhook,
@@ -40,6 +41,7 @@ class WebhookView(APIView):
     authentication_classes: list[type] = []  # no key, no session: hence no CSRF check either
     permission_classes = [SignatureIsTheAuth]
     parser_classes: list[type] = []  # the raw body is read, never DRF's parsed data
+    content_negotiation_class = IgnoreAccept  # a provider's odd Accept is no reason to refuse (406)
     required_scopes: dict[str, tuple[str, ...]] = {"POST": ()}
 
     @extend_schema(
