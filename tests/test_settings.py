@@ -78,3 +78,28 @@ def test_an_unknown_provider_name_is_refused_naming_the_setting() -> None:
     assert (
         result.returncode != 0 and "EMAILHUB_PROVIDERS_BULK has unknown value(s) mailchimp" in result.stderr
     )
+
+
+@pytest.mark.parametrize("https", [False, True])
+def test_https_setting_turns_on_the_deploy_checks_security_settings(https: bool) -> None:
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "emailhub.settings",
+        "EMAILHUB_DEBUG": "false",
+        "EMAILHUB_SECRET_KEY": "x" * 64 + "-not-a-development-key-" + "y" * 16,
+        "EMAILHUB_PUBLIC_URL": "https://mail.example.com",
+        "EMAILHUB_HTTPS": "true" if https else "false",
+    }
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check", "--deploy"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    output = result.stdout + result.stderr
+    warnings = {"security.W004", "security.W008", "security.W012", "security.W016"}
+    if https:
+        assert not {w for w in warnings if w in output}, output
+    else:
+        assert warnings <= {w for w in warnings if w in output}, output
