@@ -33,7 +33,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, batch: int, max_sleep: float, **options: Any) -> None:
-        # The claim script passes the units to ZREM/RPUSH with Lua's unpack(), which fails
+        # The claim script passes the units to ZREM with Lua's unpack(), which fails
         # somewhere near 8,000 arguments.
         if not 1 <= batch <= 5000 or max_sleep <= 0:
             raise CommandError("--batch must be 1 to 5000 and --max-sleep a positive number of seconds")
