@@ -18,6 +18,9 @@ What only some operations answer (409 from a state conflict, 422 from an idempot
 with another body) a view declares with `error_response(409, "why")` in its `extend_schema`
 responses. An operation that takes no key says `security: []` instead of staying silent.
 
+A serializer whose view refuses fields it does not declare says so with `refuses_unknown_fields
+= True` (the request schema gets `additionalProperties: false`).
+
 A `DELETE` that reads a body says so with `delete_takes_body = True` on its view (`DELETE
 /lists/{id}/members` takes `contact_ids`); drf-spectacular documents bodies for PUT, PATCH and
 POST only.
@@ -153,6 +156,12 @@ class AutoSchema(openapi.AutoSchema):
             responses["414"] = URI_TOO_LONG
         operation["responses"] = dict(sorted(responses.items()))
         return operation
+
+    def _map_basic_serializer(self, serializer: Any, direction: Any) -> dict[str, Any]:
+        schema = super()._map_basic_serializer(serializer, direction)
+        if direction == "request" and getattr(serializer, "refuses_unknown_fields", False):
+            schema["additionalProperties"] = False  # the view answers 400 for any other field
+        return schema
 
     def _get_request_body(self, direction: Any = "request") -> dict[str, Any] | None:
         if self.method != "DELETE" or not getattr(self.view, "delete_takes_body", False):

@@ -125,6 +125,7 @@ schema = schemathesis.openapi.from_dict(_generated_schema(), config=CONFIG)
 # filled by `live_api`).
 KNOWN: dict[str, Any] = {}
 REFERENCES: dict[str, Any] = {}
+GOOD_MESSAGE = {"to": "ada@example.com", "subject": "Hi", "text": "Hello"}
 # Operation -> the statuses it answered (checked by the last test).
 ANSWERS: dict[str, set[int]] = {}
 
@@ -143,9 +144,18 @@ def flatmap_path_parameters(context: Any, path_parameters: dict[str, Any]) -> An
 @schema.hook
 def flatmap_body(context: Any, body: Any) -> Any:
     """Some cases refer to real objects (template, list, contact) where a body names one."""
-    if not isinstance(body, dict) or not (known := {k: v for k, v in REFERENCES.items() if k in body}):
+    if not isinstance(body, dict):
         return st.just(body)
-    return st.sampled_from([body, {**body, **known}])
+    known = {k: v for k, v in REFERENCES.items() if k in body}
+    if isinstance(body.get("messages"), list):  # a batch: a good message, alone or among others
+        return st.sampled_from(
+            [
+                {**body, "messages": [GOOD_MESSAGE]},
+                {**body, "messages": [*body["messages"][:2], GOOD_MESSAGE]},
+                body,
+            ]
+        )
+    return st.sampled_from([{**body, **known}, body]) if known else st.just(body)
 
 
 def _sendgrid_public_key() -> str:

@@ -215,3 +215,9 @@ def test_every_json_operation_documents_406(schema: dict[str, Any]) -> None:
     for path, method, operation in operations(schema):
         ignores_accept = path in ("/api/v1/imports/{id}/rejections.csv", "/api/v1/webhooks/{provider}")
         assert ("406" in operation["responses"]) is not ignores_accept, (method, path)
+
+
+def test_the_batch_envelope_is_closed_as_the_view_enforces(schema: dict[str, Any], api: APIClient) -> None:
+    assert schema["components"]["schemas"]["BatchRequest"]["additionalProperties"] is False
+    extra = api.post("/api/v1/messages/batch", {"messages": [], "priority": "high"}, format="json")
+    assert extra.status_code == 400 and "priority" in extra.json()["error"]["fields"]

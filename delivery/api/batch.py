@@ -51,6 +51,8 @@ class BatchItemSerializer(MessageCreateSerializer):
 class BatchRequestSerializer(serializers.Serializer):
     """The request's documented shape (the view checks the envelope itself, then each item)."""
 
+    refuses_unknown_fields = True  # the envelope takes messages and partial only (core.api_schema)
+
     messages = BatchItemSerializer(many=True, help_text="1 to EMAILHUB_API_BATCH_MAX_MESSAGES (1,000) items")
     # Declared fields leave the class (DRF's metaclass), so these names do not shadow
     # BaseSerializer.partial / Serializer.fields at run time; mypy cannot know that.
