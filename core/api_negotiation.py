@@ -8,7 +8,7 @@ Accept would get a 406 and retry the batch forever). Their errors are still JSON
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable
 
 from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.renderers import BaseRenderer
@@ -19,7 +19,7 @@ class IgnoreAccept(DefaultContentNegotiation):
     """DRF's negotiation, but the renderer is the view's first (JSON) whatever `Accept` says."""
 
     def select_renderer(
-        self, request: Request, renderers: Sequence[BaseRenderer], format_suffix: str | None = None
+        self, request: Request, renderers: Iterable[BaseRenderer], format_suffix: str | None = None
     ) -> tuple[BaseRenderer, str]:
-        renderer = renderers[0]
+        renderer = next(iter(renderers))
         return renderer, renderer.media_type
