@@ -82,31 +82,13 @@ def _publish(kind: str, payload: Payload, producer: Any = None) -> None:
     )
 
 
-# Events per broker round trip where the transport batches publishes (kombu's Redis transport
-# pipelines the LPUSHes; RabbitMQ publishes each at once). One round trip per task was what made
-# the scheduler late: 550 tasks for 1,000 due messages took 2.4 s of wall time, 0.1 s of it CPU,
-# the rest waiting on the socket on a loaded machine (bench/scheduler.py, docs/performance.md).
-PUBLISH_BATCH = 500
-
-
 def _publish_all(events: list[tuple[int, str, Payload]], published: list[int]) -> None:
     """Publish over one producer connection, appending each id that went out to `published`;
-    a failure stops the loop and propagates, `published` still says what went out. In a batch
-    an event counts as out once its batch is flushed: a failed batch is left to the relay whole
-    (an event of it that did go out is published twice, which is harmless)."""
+    a failure stops the loop and propagates, `published` still says what went out."""
     with celery_app.producer_or_acquire() as producer:
-        if not producer.supports_batch_publish:
-            for event_id, kind, payload in events:
-                _publish(kind, payload, producer)
-                published.append(event_id)
-            return
-        for start in range(0, len(events), PUBLISH_BATCH):
-            chunk = events[start : start + PUBLISH_BATCH]
-            # Room for a queue's expiry commands too (LPUSH + a PEXPIRE per priority step).
-            with producer.batch(max_size=PUBLISH_BATCH * 16):
-                for _, kind, payload in chunk:
-                    _publish(kind, payload, producer)
-            published.extend(event_id for event_id, _, _ in chunk)
+        for event_id, kind, payload in events:
+            _publish(kind, payload, producer)
+            published.append(event_id)
 
 
 def _publish_after_commit(events: list[tuple[int, str, Payload]]) -> None:
