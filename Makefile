@@ -33,6 +33,7 @@ demo: setup
 	DEMO_DATABASE_URL=$(DEMO_DATABASE_URL) $(PY) scripts/demo.py
 
 test: setup
+	@test -x "$${EMAILHUB_CHROMIUM:-/usr/bin/chromium}" || echo "browser tests skipped: no Chromium at $${EMAILHUB_CHROMIUM:-/usr/bin/chromium} (install Debian's chromium package)"
 	$(PY) -m pytest
 
 lint: venv

@@ -1,0 +1,510 @@
+"""The operator's path in a real headless Chromium, against emailhub as deployed.
+
+One module-scoped stack for every test here: gunicorn (`EMAILHUB_DEBUG=false`, static files
+from WhiteNoise, as the README starts it), a transactional and a bulk Celery worker, the
+scheduler, the session's local SMTP server and a superuser, all on the test database; one
+Chromium (Debian's, driven by Playwright with `executable_path`: never `playwright install`).
+Everything is stopped at the end and the database flushed.
+
+The tests run in file order and the last one is the whole workflow (import, template, preview
+and test send, campaign, schedule, dashboard, pause/resume, 100%), because each step needs what
+the one before made. Each step saves a screenshot under SCREENSHOTS (printed at the end).
+
+The campaign is sent under a real rate limit (SMTP_MAX_SEND_RATE, batches of 5) so that it is
+still in flight while the dashboard and the pause button are looked at, and after the resume
+while the dashboard redraws itself: 50 recipients take about 17 s.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import re
+import signal
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import pytest
+import redis as redis_lib
+import requests
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from django.db import connections
+
+from campaigns.models import Campaign, Contact, ContactList, ImportJob, ListMembership, Template
+from delivery.models import Message
+from delivery.testing.smtp_server import SMTPTestServer, free_port
+from scripts.stack import PROCESSES, READY_MARKERS, ROOT, Stack, with_option
+
+CHROMIUM = os.environ.get("EMAILHUB_CHROMIUM", "/usr/bin/chromium")
+if not os.access(CHROMIUM, os.X_OK):
+    pytest.skip(
+        f"browser tests skipped: no Chromium at {CHROMIUM} (install Debian's chromium package, "
+        "or set EMAILHUB_CHROMIUM)",
+        allow_module_level=True,
+    )
+
+from playwright.sync_api import Browser, BrowserContext, Page, Playwright, expect, sync_playwright  # noqa: E402
+
+# `django_db` so that pytest-django sets up the test database; the tests only read it (the
+# processes and the browser write).
+pytestmark = [pytest.mark.browser, pytest.mark.processes, pytest.mark.django_db]
+
+# Without the background-networking flags Chromium's own services (update, sync, field trials)
+# try hosts this closed network refuses; the page itself only ever talks to 127.0.0.1.
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+SCREENSHOTS = Path(os.environ.get("EMAILHUB_BROWSER_SCREENSHOTS", ROOT / "var" / "browser-screenshots"))
+OPERATOR_ZONE = "Europe/Paris"  # the browser's zone: admin.js hands it to the admin as a cookie
+# Django admin's light theme: --header-bg is var(--secondary), #417690.
+ADMIN_HEADER_BG = "rgb(65, 118, 144)"
+RECIPIENTS = 50
+SEND_RATE = 3  # messages/s for the SMTP provider: the campaign lasts ~RECIPIENTS / SEND_RATE s
+STEP_TIMEOUT_MS = 30_000
+
+
+@dataclass
+class Deployed:
+    base: str
+    username: str
+    password: str
+    smtp: SMTPTestServer
+    # What the browser did that a deployed page must never do.
+    foreign_requests: list[str] = field(default_factory=list)
+    failed_static: list[str] = field(default_factory=list)
+    page_errors: list[str] = field(default_factory=list)
+    shots: list[Path] = field(default_factory=list)
+
+
+@pytest.fixture
+def redis() -> Iterator[redis_lib.Redis]:
+    """Overrides conftest's per-test flush: this module's processes share the test Redis database
+    (broker queues and bindings, schedule index) for the whole module; `deployed` empties it
+    before they start and after they stop."""
+    client = redis_lib.Redis.from_url(settings.REDIS_URL)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="module")
+def deployed(
+    django_db_setup: Any,
+    django_db_blocker: Any,
+    smtp_server: SMTPTestServer,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Deployed]:
+    db = settings.DATABASES["default"]
+    env = {
+        "DJANGO_SETTINGS_MODULE": "emailhub.settings",
+        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "REDIS_URL": settings.REDIS_URL,
+        "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
+        "SMTP_PORT": str(smtp_server.port),
+        "EMAILHUB_OUTBOX_GRACE_SECONDS": str(settings.EMAILHUB_OUTBOX_GRACE_SECONDS),
+        "EMAILHUB_DEBUG": "false",
+        "SMTP_MAX_SEND_RATE": str(SEND_RATE),
+        "EMAILHUB_BATCH_SIZE_NORMAL": "5",
+    }
+    client = redis_lib.Redis.from_url(settings.REDIS_URL)
+    client.flushdb()
+    smtp_server.clear()
+    stack = Stack(env=env, log_dir=tmp_path_factory.mktemp("browser") / "logs")
+    password = "operator-" + os.urandom(6).hex()
+    with django_db_blocker.unblock():
+        try:
+            get_user_model().objects.create_superuser("operator", "operator@example.com", password)
+            port = free_port()
+            # The workers and the scheduler start while gunicorn does (start-up is most of this
+            # module's set-up); one child per worker: the machine is small and the rate capped.
+            others = {
+                name: with_option(PROCESSES[name], "--concurrency", "1")
+                for name in ("worker-transactional", "worker-bulk")
+            }
+            others["scheduler"] = PROCESSES["scheduler"]
+            for name, argv in others.items():
+                stack.start(name, argv, ready=lambda _: True)
+            stack.start_web(port, workers=2)
+            _wait_ready(stack, list(others))
+            yield Deployed(f"http://127.0.0.1:{port}", "operator", password, smtp_server)
+        finally:
+            for key in list(stack.processes):  # all stop at once; stop_all then waits for each
+                stack.signal(key, signal.SIGTERM)
+            stack.stop_all()
+            smtp_server.clear()
+            client.flushdb()
+            client.close()
+            call_command("flush", interactive=False, verbosity=0)
+
+
+def _wait_ready(stack: Stack, keys: list[str], timeout: float = 60.0) -> None:
+    """Wait for each process's ready line (scripts.stack.READY_MARKERS)."""
+    deadline = time.monotonic() + timeout
+    for key in keys:
+        process = stack.processes[key]
+        while READY_MARKERS[key] not in process.log():
+            if not process.alive:
+                raise RuntimeError(f"{key} exited during start-up:\n{process.log()[-3000:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{key} not ready after {timeout:.0f} s:\n{process.log()[-3000:]}")
+            time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def browser(request: pytest.FixtureRequest) -> Iterator[Browser]:
+    for old in SCREENSHOTS.glob("*.png"):
+        old.unlink()
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    # Playwright's sync API keeps an asyncio loop running on this thread (under greenlets), and
+    # Django then refuses every ORM call here as "async unsafe". The ORM calls of this module are
+    # plain synchronous reads between browser steps, so the check is lifted while the browser
+    # runs, for this module only.
+    lifted = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    playwright: Playwright = sync_playwright().start()
+    try:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+    finally:
+        # The ORM calls made while Playwright's loop ran had a connection of their own (Django
+        # keeps one per async context): closed here, or the test database's drop finds it open.
+        connections.close_all()
+        playwright.stop()
+        if lifted is None:
+            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+        else:
+            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = lifted
+        shots = sorted(SCREENSHOTS.glob("*.png"))
+        reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+        capture = request.config.pluginmanager.get_plugin("capturemanager")
+        if reporter is not None and capture is not None:
+            with capture.global_and_fixture_disabled():
+                reporter.write_line(f"\nbrowser screenshots ({len(shots)}): {SCREENSHOTS}")
+
+
+@pytest.fixture(scope="module")
+def context(browser: Browser, deployed: Deployed) -> Iterator[BrowserContext]:
+    context = browser.new_context(
+        viewport={"width": 1366, "height": 900},
+        timezone_id=OPERATOR_ZONE,
+        locale="en-GB",
+        color_scheme="light",
+    )
+    context.set_default_timeout(STEP_TIMEOUT_MS)
+
+    def on_request(req: Any) -> None:
+        if not req.url.startswith((deployed.base, "data:", "blob:", "about:")):
+            deployed.foreign_requests.append(req.url)
+
+    def on_response(response: Any) -> None:
+        if "/static/" in response.url and response.status >= 400:
+            deployed.failed_static.append(f"{response.status} {response.url}")
+
+    context.on("request", on_request)
+    context.on("response", on_response)
+    try:
+        yield context
+    finally:
+        context.close()
+
+
+@pytest.fixture(scope="module")
+def page(context: BrowserContext, deployed: Deployed) -> Page:
+    page = context.new_page()
+    page.on("pageerror", lambda error: deployed.page_errors.append(str(error)))
+    return page
+
+
+def shot(page: Page, deployed: Deployed, name: str) -> None:
+    path = SCREENSHOTS / f"{len(deployed.shots) + 1:02d}-{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    deployed.shots.append(path)
+
+
+def log_in(page: Page, deployed: Deployed) -> None:
+    page.goto(f"{deployed.base}/admin/")
+    if page.locator("#id_username").count():
+        page.fill("#id_username", deployed.username)
+        page.fill("#id_password", deployed.password)
+        page.click("input[type=submit]")
+    expect(page.locator("#user-tools")).to_contain_text(deployed.username)
+
+
+def reload_until(page: Page, condition: Callable[[], bool], timeout: float, what: str) -> None:
+    """Reload the page (it does not refresh itself) until `condition` holds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} on {page.url}")
+        time.sleep(0.5)
+        page.reload()
+
+
+def computed(page: Page, selector: str, prop: str) -> str:
+    return str(page.eval_on_selector(selector, f"el => getComputedStyle(el).{prop}"))
+
+
+def assert_admin_styled(page: Page) -> None:
+    """The admin's stylesheet is loaded and applied (not only named in the HTML)."""
+    assert computed(page, "#header", "backgroundColor") == ADMIN_HEADER_BG
+    # base.css sets the admin's font stack; unstyled, Chromium's default serif remains.
+    assert "sans-serif" in computed(page, "body", "fontFamily")
+    sheets = page.evaluate(
+        "() => [...document.styleSheets].filter(s => s.href).map(s => [s.href, s.cssRules.length])"
+    )
+    base = [rules for href, rules in sheets if re.search(r"/static/admin/css/base\.[0-9a-f]{12}\.css$", href)]
+    assert base and base[0] > 100, f"the admin's hashed base.css is not applied: {sheets}"
+
+
+# --- log in, styled admin, API docs ----------------------------------------------------------
+
+
+def test_operator_logs_in_to_a_styled_admin_served_by_gunicorn(page: Page, deployed: Deployed) -> None:
+    page.goto(f"{deployed.base}/admin/")
+    expect(page.locator("#login-form")).to_be_visible()
+    assert_admin_styled(page)
+    # The login button is the admin's, not the browser's grey default.
+    assert computed(page, "#login-form input[type=submit]", "backgroundColor") == ADMIN_HEADER_BG
+    shot(page, deployed, "login-styled")
+
+    page.fill("#id_username", deployed.username)
+    page.fill("#id_password", deployed.password)
+    page.click("input[type=submit]")
+    expect(page.locator("#user-tools")).to_contain_text(deployed.username)
+    expect(page.locator("#site-name")).to_contain_text("emailhub")
+    assert_admin_styled(page)
+    expect(page.locator("#nav-dashboard")).to_be_visible()
+    # admin.js handed the browser's zone to the server: the next page shows times in it too.
+    assert any(c["name"] == "emailhub_tz" and c["value"] == OPERATOR_ZONE for c in page.context.cookies())
+    page.reload()
+    expect(page.locator("#nav-timezone")).to_contain_text(OPERATOR_ZONE)
+    shot(page, deployed, "admin-index-styled")
+    assert not deployed.failed_static, deployed.failed_static
+    assert not deployed.page_errors, deployed.page_errors
+
+
+def test_api_docs_list_every_operation_from_the_same_origin(page: Page, deployed: Deployed) -> None:
+    schema = requests.get(f"{deployed.base}/api/schema/?format=json", timeout=30).json()
+    methods = {"get", "post", "put", "patch", "delete"}
+    operations = {(m.upper(), path) for path, item in schema["paths"].items() for m in item if m in methods}
+    assert len(operations) > 20
+
+    page.goto(f"{deployed.base}/api/docs/")
+    expect(page.locator(".swagger-ui .info .title")).to_contain_text(schema["info"]["title"])
+    expect(page.locator(".opblock").first).to_be_visible()
+    listed = {
+        (method, path)
+        for method, path in page.eval_on_selector_all(
+            ".opblock",
+            """els => els.map(el => [
+                el.querySelector('.opblock-summary-method').textContent.trim(),
+                el.querySelector('.opblock-summary-path').getAttribute('data-path')])""",
+        )
+    }
+    assert listed == operations, f"missing {operations - listed}, extra {listed - operations}"
+    # The Bearer scheme is declared: Swagger offers to authorize.
+    expect(page.locator(".swagger-ui .btn.authorize")).to_be_visible()
+    # Swagger's own stylesheet applied (served from drf-spectacular-sidecar, not a CDN).
+    assert computed(page, ".swagger-ui .opblock.opblock-post", "borderColor") == "rgb(73, 204, 144)"
+    shot(page, deployed, "swagger-operations")
+    assert not deployed.foreign_requests, f"pages reached other origins: {deployed.foreign_requests}"
+    assert not deployed.failed_static, deployed.failed_static
+    assert not deployed.page_errors, deployed.page_errors
+
+
+# --- the workflow: import, template, preview and test send, campaign to 100% ---------------
+
+
+def _contacts_csv() -> bytes:
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(["email", "name", "timezone"])
+    for n in range(RECIPIENTS):
+        writer.writerow([f"reader{n:02d}@audience.example.com", f"Reader {n:02d}", "America/New_York"])
+    writer.writerow(["not-an-address", "Nobody", "UTC"])  # rejected, and shown as such
+    return out.getvalue().encode()
+
+
+def test_operator_imports_previews_test_sends_and_runs_a_campaign_to_100_percent(
+    page: Page, deployed: Deployed
+) -> None:
+    log_in(page, deployed)
+
+    # 1. Import a CSV into a new list; the job's page refreshes itself until it is done.
+    page.goto(f"{deployed.base}/admin/campaigns/importjob/")
+    page.click("#import-upload-link")
+    page.set_input_files(
+        "#id_file", files=[{"name": "readers.csv", "mimeType": "text/csv", "buffer": _contacts_csv()}]
+    )
+    page.fill("#id_list_name", "browser readers")
+    shot(page, deployed, "import-form")
+    page.click("#import-submit")
+    progress = page.locator("#import-progress")
+    expect(progress).to_have_attribute("data-status", "completed", timeout=STEP_TIMEOUT_MS)
+    expect(progress).to_have_attribute("data-percent", "100")
+    expect(page.locator("#import-rejections")).to_contain_text("not-an-address")
+    shot(page, deployed, "import-done")
+    audience = ContactList.objects.get(name="browser readers")
+    assert ListMembership.objects.filter(contact_list=audience).count() == RECIPIENTS
+    job = ImportJob.objects.get()
+    assert (job.status, job.rows_created, job.rows_rejected) == ("completed", RECIPIENTS, 1)
+
+    # 2. Create a template.
+    page.goto(f"{deployed.base}/admin/campaigns/template/add/")
+    page.fill("#id_name", "browser-welcome")
+    page.fill("#id_subject", "Hello {{ name }}")
+    page.fill("#id_html", "<p>Hi <b class='who'>{{ name }}</b>, welcome.</p>")
+    page.fill("#id_text", "Hi {{ name }}, welcome.")
+    page.click("input[name=_continue]")
+    expect(page.locator("#template-preview-link")).to_be_visible()
+    assert Template.objects.filter(name="browser-welcome").exists()
+
+    # 3. Preview it with a chosen contact, then send a test.
+    chosen = Contact.objects.get(email="reader07@audience.example.com")
+    page.click("#template-preview-link")
+    page.fill("#id_contact", chosen.email)
+    page.click("#preview-submit")
+    expect(page.locator("#preview-subject")).to_have_text("Hello Reader 07")
+    expect(page.frame_locator("#preview-frame").locator("b.who")).to_have_text("Reader 07")
+    expect(page.locator("#preview-text")).to_contain_text("Hi Reader 07, welcome.")
+    page.fill("#test-send-to", "operator@example.com")
+    page.select_option("#test-send-priority", "critical")
+    shot(page, deployed, "template-preview")
+    page.click("#test-send-submit")
+    link = page.locator("#test-send-message")
+    expect(link).to_be_visible()
+    test_id = int(re.findall(r"\d+", link.inner_text())[0])
+    deadline = time.monotonic() + 20
+    while not [m for m in deployed.smtp.messages if m.rcpt_tos == ["operator@example.com"]]:
+        assert time.monotonic() < deadline, "the test send never reached the SMTP server"
+        time.sleep(0.1)
+    (received,) = [m for m in deployed.smtp.messages if m.rcpt_tos == ["operator@example.com"]]
+    assert received.parsed()["Subject"] == "Hello Reader 07"
+    link.click()
+    status = page.locator(".field-status .readonly")
+    reload_until(page, lambda: status.inner_text().strip().lower() == "sent", 20, "the test send sent")
+    assert Message.objects.get(pk=test_id).status == "sent"
+    shot(page, deployed, "test-send-message")
+
+    # 4. Create a campaign for the imported list and schedule it `at` a wall time in the
+    #    operator's zone (this minute: it starts at once, in the past by under a minute).
+    page.goto(f"{deployed.base}/admin/campaigns/campaign/add/")
+    page.fill("#id_name", "Browser launch")
+    page.select_option("#id_template", label="browser-welcome")
+    page.select_option("#id_contact_list", label="browser readers")
+    page.select_option("#id_priority", "normal")
+    page.click("input[name=_continue]")
+    expect(page.locator("#campaign-schedule-link")).to_be_visible()
+    campaign = Campaign.objects.get(name="Browser launch")
+    page.click("#campaign-schedule-link")
+    expect(page.locator("#id_zone")).to_have_value(OPERATOR_ZONE)
+    wall = datetime.now(ZoneInfo(OPERATOR_ZONE)).replace(second=0, microsecond=0)
+    page.check("#id_type_1")  # at
+    page.fill("#id_scheduled_at", wall.strftime("%Y-%m-%dT%H:%M"))
+    shot(page, deployed, "schedule-form")
+    page.click("#schedule-submit")
+    expect(page.locator("#campaign-progress")).to_have_attribute(
+        "data-status", re.compile("sending|completed")
+    )
+    campaign.refresh_from_db()
+    # The wall time was read in the operator's zone, not as UTC.
+    assert (campaign.schedule_type, campaign.scheduled_at) == ("at", wall.astimezone(ZoneInfo("UTC")))
+
+    # 5. The dashboard shows it in flight.
+    page.goto(f"{deployed.base}/admin/dashboard/")
+    row = page.locator(f"tr.campaign-row[data-campaign-id='{campaign.pk}']")
+    expect(row.locator(".campaign-status")).to_contain_text("sending")
+    bar = row.locator("progress.campaign-progress")
+    assert float(bar.get_attribute("value") or 0) < 100, "the campaign finished before the dashboard saw it"
+    expect(row.locator(".campaign-total")).to_have_text(str(RECIPIENTS))
+    shot(page, deployed, "dashboard-campaign-in-progress")
+
+    # 6. Pause from the campaign's page: sending stops short of the end.
+    page.goto(f"{deployed.base}/admin/campaigns/campaign/{campaign.pk}/change/")
+    page.click("#campaign-pause")
+    expect(page.locator("#campaign-progress")).to_have_attribute("data-status", "paused")
+    expect(page.locator("#campaign-resume")).to_be_visible()
+    # A batch a worker had claimed before the pause finishes; then nothing more is sent.
+    paused_at = _settled_sent_count(campaign.pk)
+    assert paused_at < RECIPIENTS, "the campaign was finished before the pause took effect"
+    time.sleep(2)
+    assert _sent_count(campaign.pk) == paused_at, "messages were sent while the campaign was paused"
+    page.reload()
+    shot(page, deployed, "campaign-paused")
+
+    # Resume; the open dashboard redraws the progress by itself (no reload) as sending goes on.
+    page.click("#campaign-resume")
+    expect(page.locator("#campaign-progress")).to_have_attribute(
+        "data-status", re.compile("sending|completed")
+    )
+    page.goto(f"{deployed.base}/admin/dashboard/")
+    refreshed_at = page.get_attribute("#dashboard", "data-refreshed-at")
+    shown = float(row.locator("progress.campaign-progress").get_attribute("value") or 0)
+    page.wait_for_function(
+        """([id, before]) => {
+            const bar = document.querySelector(`progress.campaign-progress[data-campaign-id='${id}']`);
+            return bar && Number(bar.value) > before; }""",
+        arg=[campaign.pk, shown],
+        timeout=STEP_TIMEOUT_MS,
+    )
+    assert page.get_attribute("#dashboard", "data-refreshed-at") != refreshed_at  # redrawn by dashboard.js
+    shot(page, deployed, "dashboard-redrawn-after-resume")
+    page.goto(f"{deployed.base}/admin/campaigns/campaign/{campaign.pk}/change/")
+
+    # 7. Progress reaches 100% and the campaign completes; every reader got it exactly once.
+    progress = page.locator("#campaign-progress")
+    reload_until(
+        page,
+        lambda: progress.get_attribute("data-status") == "completed",
+        RECIPIENTS / SEND_RATE + 30,
+        "the campaign to complete",
+    )
+    expect(progress).to_have_attribute("data-percent", "100")
+    expect(page.locator("#campaign-percent")).to_have_text("100%")
+    shot(page, deployed, "campaign-completed")
+    campaign.refresh_from_db()
+    assert (campaign.status, campaign.sent_count, campaign.total_count) == (
+        "completed",
+        RECIPIENTS,
+        RECIPIENTS,
+    )
+    readers = sorted(r for m in deployed.smtp.messages for r in m.rcpt_tos if r != "operator@example.com")
+    assert readers == [f"reader{n:02d}@audience.example.com" for n in range(RECIPIENTS)]
+
+    # Its messages are one click away.
+    page.click("#campaign-messages-link")
+    expect(page.locator("#result_list tbody tr")).to_have_count(min(RECIPIENTS, 100))
+    shot(page, deployed, "campaign-messages")
+
+    assert not deployed.foreign_requests, f"pages reached other origins: {deployed.foreign_requests}"
+    assert not deployed.failed_static, deployed.failed_static
+    assert not deployed.page_errors, deployed.page_errors
+
+
+def _sent_count(campaign_id: int) -> int:
+    return Message.objects.filter(campaign_id=campaign_id, status="sent").count()
+
+
+def _settled_sent_count(campaign_id: int, quiet_seconds: float = 1.5, timeout: float = 15.0) -> int:
+    """The campaign's sent count once it has stopped moving for `quiet_seconds`."""
+    deadline = time.monotonic() + timeout
+    last, since = _sent_count(campaign_id), time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.25)
+        now = _sent_count(campaign_id)
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet_seconds:
+            return now
+    raise AssertionError(f"sending went on for {timeout:.0f} s after the pause ({last} sent)")
