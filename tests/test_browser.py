@@ -226,9 +226,9 @@ def page(context: BrowserContext, deployed: Deployed) -> Page:
     return page
 
 
-def shot(page: Page, deployed: Deployed, name: str) -> None:
+def shot(page: Page, deployed: Deployed, name: str, *, full_page: bool = True) -> None:
     path = SCREENSHOTS / f"{len(deployed.shots) + 1:02d}-{name}.png"
-    page.screenshot(path=str(path), full_page=True)
+    page.screenshot(path=str(path), full_page=full_page)
     deployed.shots.append(path)
 
 
@@ -291,6 +291,17 @@ def test_operator_logs_in_to_a_styled_admin_served_by_gunicorn(page: Page, deplo
     expect(page.locator("#nav-timezone")).to_contain_text(OPERATOR_ZONE)
     shot(page, deployed, "admin-index-styled")
     assert not deployed.failed_static, deployed.failed_static
+
+    # The check means something: the same page without /static/ (as before WhiteNoise) fails it.
+    bare = page.context.new_page()
+    try:
+        bare.route("**/static/**", lambda route: route.abort())
+        bare.goto(f"{deployed.base}/admin/")
+        assert computed(bare, "#header", "backgroundColor") != ADMIN_HEADER_BG
+        with pytest.raises(AssertionError):
+            assert_admin_styled(bare)
+    finally:
+        bare.close()
     assert not deployed.page_errors, deployed.page_errors
 
 
@@ -317,7 +328,8 @@ def test_api_docs_list_every_operation_from_the_same_origin(page: Page, deployed
     expect(page.locator(".swagger-ui .btn.authorize")).to_be_visible()
     # Swagger's own stylesheet applied (served from drf-spectacular-sidecar, not a CDN).
     assert computed(page, ".swagger-ui .opblock.opblock-post", "borderColor") == "rgb(73, 204, 144)"
-    shot(page, deployed, "swagger-operations")
+    # The window, not the whole page: below the operations Swagger lists every schema model.
+    shot(page, deployed, "swagger-operations", full_page=False)
     assert not deployed.foreign_requests, f"pages reached other origins: {deployed.foreign_requests}"
     assert not deployed.failed_static, deployed.failed_static
     assert not deployed.page_errors, deployed.page_errors
