@@ -330,7 +330,12 @@ class EngagementProfile(models.Model):
     """A contact's human opens and clicks by hour of the contact's local day (24 bins),
     exponentially decayed, updated incrementally by a beat task from new engagement events."""
 
-    contact = models.OneToOneField(Contact, on_delete=models.CASCADE, primary_key=True)
+    # No database foreign key (db_constraint=False): the profile is derived data written only by
+    # the engagement refresh, which takes its contact ids from campaigns_contact in the same
+    # transaction; the constraint's per-row check locked every contact row (a WAL record and a
+    # dirtied page each) and cost ~25 s of a 1M-contact backlog refresh. Deleting a contact
+    # through the ORM still deletes its profile (on_delete=CASCADE is Django's).
+    contact = models.OneToOneField(Contact, on_delete=models.CASCADE, primary_key=True, db_constraint=False)
     # Decayed weights per local hour 0..23, as of `decayed_at`.
     histogram = ArrayField(models.FloatField(), size=24)
     decayed_at = models.DateTimeField()

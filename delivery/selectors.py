@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 import redis as redis_lib
@@ -197,35 +198,70 @@ def feedback_rates_by_provider(days: int = 30) -> dict[str, Any]:
     return {"days": days, "rows": rows}
 
 
-# Engagement for send-time optimization (campaigns/engagement.py composes this into its
-# set-based refresh): the next %(limit)s events after id %(after)s, in id order, that are settled
-# (created at or before %(cutoff)s), and of them the human opens and clicks. Two CTEs:
-# `event_window` (upto: the highest id looked at, the refresh's next watermark; NULL when there
-# is nothing new) and `human_engagement` (id, contact_id of a campaign message or NULL, the
-# lower-cased recipient address, kind, occurred_at, the message's sent_at or NULL).
+# Engagement for send-time optimization (campaigns/engagement.py composes these into its
+# set-based refresh). `engagement_event_range` says which events a fold covers: the next `limit`
+# events after id `after`, in id order, up to (not including) the first one created after
+# `cutoff`; it returns the fold's watermark `upto` (== after when there is nothing new) and how
+# many events (of any kind) lie in (after, upto]. `HUMAN_ENGAGEMENT_CTE` is that range's human
+# opens and clicks (id, contact_id of a campaign message or NULL, the lower-cased recipient
+# address, kind, occurred_at, the message's sent_at or NULL), for %(after)s and %(upto)s.
 #
 # Why "settled": ids come from a sequence when a row is inserted, but rows become visible at
 # commit, so a long transaction can commit id 100 after id 101 was read and the watermark moved
-# past it. The window stops before the first event created after the cutoff (record_events
+# past it. The range stops before the first event created after the cutoff (record_events
 # stamps created_at with its transaction's start), so an event is missed only if its transaction
 # stayed open longer than EMAILHUB_ENGAGEMENT_SETTLE_SECONDS; a webhook batch takes milliseconds.
-HUMAN_ENGAGEMENT_STEP_CTES = """
-event_page AS (
-    SELECT e.id, e.created_at
-      FROM delivery_emailevent AS e
-     WHERE e.id > %(after)s
-     ORDER BY e.id
-     LIMIT %(limit)s
-), event_window AS (
-    SELECT COALESCE(min(p.id) FILTER (WHERE p.created_at > %(cutoff)s) - 1, max(p.id)) AS upto
-      FROM event_page AS p
-), human_engagement AS (
+HUMAN_ENGAGEMENT_CTE = """
+human_engagement AS (
     SELECT e.id, m.contact_id, lower(e.recipient) AS recipient, e.kind, e.occurred_at, m.sent_at
       FROM delivery_emailevent AS e
       LEFT JOIN delivery_message AS m ON m.id = e.message_id
-     WHERE e.id > %(after)s AND e.id <= (SELECT w.upto FROM event_window AS w)
+     WHERE e.id > %(after)s AND e.id <= %(upto)s
        AND e.classification = 'human' AND e.kind IN ('opened', 'clicked')
 )""".strip()
+
+
+def engagement_event_range(after: int, limit: int, cutoff: datetime) -> tuple[int, int, int]:
+    """(upto, count, last) of the settled events a refresh fold covers (see HUMAN_ENGAGEMENT_CTE):
+    the watermark after the fold, the number of events in (after, upto] and the highest id among
+    them (`after` if none; below `upto` when ids skipped before the first unsettled event).
+
+    Usually one unordered aggregate over the ids after the watermark (a parallel scan on a
+    backlog, an index range on a tick); the ordered LIMIT walk only when more than `limit`
+    events wait, and a count up to the first unsettled event when one is among them.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*), max(id), min(id) FILTER (WHERE created_at > %s)"
+            " FROM delivery_emailevent WHERE id > %s",
+            [cutoff, after],
+        )
+        count, last, unsettled = cursor.fetchone()
+        if count == 0:
+            return after, 0, after
+        if count > limit:
+            cursor.execute(
+                """
+                WITH page AS MATERIALIZED (
+                    SELECT id, created_at FROM delivery_emailevent WHERE id > %(after)s ORDER BY id LIMIT %(limit)s
+                ), w AS (
+                    SELECT COALESCE(min(id) FILTER (WHERE created_at > %(cutoff)s) - 1, max(id)) AS upto FROM page
+                )
+                SELECT w.upto, settled.n, COALESCE(settled.last, %(after)s)
+                  FROM w CROSS JOIN LATERAL (
+                       SELECT count(*) AS n, max(page.id) AS last FROM page WHERE page.id <= w.upto) AS settled
+                """,
+                {"after": after, "limit": limit, "cutoff": cutoff},
+            )
+        elif unsettled is None:
+            return int(last), int(count), int(last)
+        else:
+            cursor.execute(
+                "SELECT %s - 1, count(*), COALESCE(max(id), %s) FROM delivery_emailevent WHERE id > %s AND id < %s",
+                [unsettled, after, after, unsettled],
+            )
+        upto, count, last = cursor.fetchone()
+        return int(upto), int(count), int(last)
 
 
 def campaign_engagement_groups(campaign_id: int, holdout_percent: int) -> dict[bool, dict[str, int]]:
