@@ -69,6 +69,7 @@ OPERATOR_ZONE = "Europe/Paris"  # the browser's zone: admin.js hands it to the a
 ADMIN_HEADER_BG = "rgb(65, 118, 144)"
 RECIPIENTS = 50
 SEND_RATE = 3  # messages/s for the SMTP provider: the campaign lasts ~RECIPIENTS / SEND_RATE s
+BATCH = 5  # messages per bulk send task: what a worker has claimed when the pause comes
 STEP_TIMEOUT_MS = 30_000
 
 
@@ -112,7 +113,7 @@ def deployed(
         "EMAILHUB_OUTBOX_GRACE_SECONDS": str(settings.EMAILHUB_OUTBOX_GRACE_SECONDS),
         "EMAILHUB_DEBUG": "false",
         "SMTP_MAX_SEND_RATE": str(SEND_RATE),
-        "EMAILHUB_BATCH_SIZE_NORMAL": "5",
+        "EMAILHUB_BATCH_SIZE_NORMAL": str(BATCH),
     }
     client = redis_lib.Redis.from_url(settings.REDIS_URL)
     client.flushdb()
@@ -508,8 +509,10 @@ def _sent_count(campaign_id: int) -> int:
     return Message.objects.filter(campaign_id=campaign_id, status="sent").count()
 
 
-def _settled_sent_count(campaign_id: int, quiet_seconds: float = 1.5, timeout: float = 15.0) -> int:
-    """The campaign's sent count once it has stopped moving for `quiet_seconds`."""
+def _settled_sent_count(campaign_id: int, timeout: float = 20.0) -> int:
+    """The campaign's sent count once it has stopped moving for twice a batch's time under the
+    rate limit (so the batch claimed before the pause, still waiting for tokens, is counted)."""
+    quiet_seconds = 2 * BATCH / SEND_RATE
     deadline = time.monotonic() + timeout
     last, since = _sent_count(campaign_id), time.monotonic()
     while time.monotonic() < deadline:
