@@ -227,6 +227,16 @@ def page(context: BrowserContext, deployed: Deployed) -> Page:
     return page
 
 
+@pytest.fixture(autouse=True)
+def screenshot_on_failure(request: pytest.FixtureRequest, page: Page, deployed: Deployed) -> Iterator[None]:
+    """A failed test leaves a screenshot of where the browser was (the call's report is logged,
+    and counted in testsfailed, before this teardown runs)."""
+    failed_before = request.session.testsfailed
+    yield
+    if request.session.testsfailed > failed_before:
+        shot(page, deployed, f"FAILED-{request.node.name}")
+
+
 def shot(page: Page, deployed: Deployed, name: str, *, full_page: bool = True) -> None:
     path = SCREENSHOTS / f"{len(deployed.shots) + 1:02d}-{name}.png"
     page.screenshot(path=str(path), full_page=full_page)
