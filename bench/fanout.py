@@ -412,12 +412,110 @@ def one_run(
     if problems:
         raise RuntimeError("; ".join(problems))
     r["rows"] = rows
+    r["campaign_id"] = campaign.pk
     r["rows_per_s"] = rows / r["wall_s"]
     r["members_per_s"] = r["members"] / r["wall_s"]
     r["other_s"] = r["wall_s"] - sum(
         r[f"{name}_s"] for name in ("step_sql", "commit", "record_outbox", "publish")
     )
     return r
+
+
+# --- references: the same rows by Django bulk_create and by COPY, same table, same run ----------
+
+# The columns fan-out's INSERT … SELECT writes (transitions._STEP_SQL); every other column takes
+# its database default, as it does there.
+REFERENCE_COLUMNS = (
+    "campaign_id",
+    "contact_id",
+    "template_id",
+    "to_email",
+    "priority",
+    "status",
+    "queued_at",
+)
+BULK_CREATE_CHUNK = 5000  # model instances alive at a time (1M at once would take ~2 GB)
+
+
+def audience_rows(campaign_id: int) -> list[tuple[int, str]]:
+    """(contact id, address) of every message fan-out created for the campaign, in its order."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT contact_id, to_email FROM delivery_message WHERE campaign_id = %s ORDER BY contact_id",
+            [campaign_id],
+        )
+        return list(cursor.fetchall())
+
+
+def _reference_campaign(number: int, name: str, list_id: int) -> Any:
+    from campaigns.models import Campaign
+
+    reset_state()
+    with connection.cursor() as cursor:
+        cursor.execute("CHECKPOINT")  # as before each fan-out run
+    return Campaign.objects.create(
+        name=f"bench {name} {number}",
+        template=bench_template(),
+        contact_list_id=list_id,
+        priority="normal",
+        status=Campaign.Status.SENDING,
+        started_at=timezone.now(),
+    )
+
+
+def _count_rows(campaign_id: int) -> int:
+    from delivery.models import Message
+
+    return Message.objects.filter(campaign_id=campaign_id).count()
+
+
+def reference_bulk_create(rows: list[tuple[int, str]], number: int, list_id: int) -> dict[str, float]:
+    """Django's bulk_create of the same rows in one transaction: model instances built from the
+    rows (timed: that is what bulk_create needs), BULK_CREATE_CHUNK per INSERT, COMMIT."""
+    from delivery.models import Message
+
+    campaign = _reference_campaign(number, "bulk_create", list_id)
+    now = timezone.now()
+    started = time.perf_counter()
+    with transaction.atomic():
+        for start in range(0, len(rows), BULK_CREATE_CHUNK):
+            Message.objects.bulk_create(
+                [
+                    Message(
+                        campaign_id=campaign.pk, contact_id=contact_id, template_id=campaign.template_id,
+                        to_email=email, priority="normal", status="queued", queued_at=now,
+                    )
+                    for contact_id, email in rows[start : start + BULK_CREATE_CHUNK]
+                ]
+            )  # fmt: skip
+    wall = time.perf_counter() - started
+    if (written := _count_rows(campaign.pk)) != len(rows):
+        raise RuntimeError(f"bulk_create wrote {written} rows, expected {len(rows)}")
+    return {"wall_s": wall, "rows_per_s": len(rows) / wall}
+
+
+def reference_copy(rows: list[tuple[int, str]], number: int, list_id: int) -> dict[str, float]:
+    """psycopg2 COPY of the same rows from an in-memory text buffer, one transaction. The buffer
+    is built before the clock starts (reported apart): the reference is COPY itself."""
+    import io
+
+    campaign = _reference_campaign(number, "copy", list_id)
+    built = time.perf_counter()
+    now = timezone.now().isoformat()
+    prefix, suffix = f"{campaign.pk}\t", f"\t{campaign.template_id}\t"
+    buffer = io.StringIO(
+        "".join(f"{prefix}{contact_id}{suffix}{email}\tnormal\tqueued\t{now}\n" for contact_id, email in rows)
+    )
+    build = time.perf_counter() - built
+    started = time.perf_counter()
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.cursor.copy_expert(
+            f"COPY delivery_message ({', '.join(REFERENCE_COLUMNS)}) FROM STDIN", buffer
+        )
+    wall = time.perf_counter() - started
+    if (written := _count_rows(campaign.pk)) != len(rows):
+        raise RuntimeError(f"COPY wrote {written} rows, expected {len(rows)}")
+    return {"wall_s": wall, "rows_per_s": len(rows) / wall, "buffer_s": build}
 
 
 def explain_step(list_id: int, step: int | None, full: bool) -> None:
@@ -493,32 +591,68 @@ def main() -> int:
         flush=True,
     )
     runs: list[dict[str, Any]] = []
+    references: dict[str, list[dict[str, float]]] = {"bulk_create": [], "copy": []}
+    rows: list[tuple[int, str]] = []
     try:
         for number in range(1, args.runs + 1):
-            load = os.getloadavg()[0]
-            r = one_run(args, env, list_id, expected, number)
-            runs.append(r)
-            print(
-                f"run {number} (load average {load:.2f} before): {r['rows']:,} rows in {r['wall_s']:.2f} s "
-                f"= {r['rows_per_s']:,.0f} rows/s ({r['members_per_s']:,.0f} members/s), "
-                f"{r['steps']} steps of {r['step_size']}, {r['tasks']:,} tasks in Redis `normal`\n"
-                f"  time: step INSERT…SELECT {r['step_sql_s']:.2f} s ({100 * r['step_sql_s'] / r['wall_s']:.0f}%), "
-                f"outbox rows {r['record_outbox_s']:.2f} s ({100 * r['record_outbox_s'] / r['wall_s']:.0f}%), "
-                f"publish+delete outbox {r['publish_s']:.2f} s ({100 * r['publish_s'] / r['wall_s']:.0f}%), "
-                f"COMMIT (with the deferred FK checks) {r['commit_s']:.2f} s "
-                f"({100 * r['commit_s'] / r['wall_s']:.0f}%), "
-                f"rest (lock, campaign row, Python) {r['other_s']:.2f} s "
-                f"({100 * r['other_s'] / r['wall_s']:.0f}%)\n"
-                f"  CPU: fan-out process {r['cpu_s']:.2f} s, its PostgreSQL backend {r['backend_cpu_s']:.2f} s; "
-                f"WAL {r['wal_mb']:,.0f} MB, checkpoints during the run {r['checkpoints']}\n"
-                f"  peak RSS {r['peak_rss_kb'] / 1024:.0f} MB (VmHWM; ru_maxrss {r['ru_maxrss_kb'] / 1024:.0f} MB), "
-                f"of which {r['rss_before_kb'] / 1024:.0f} MB before fan_out() (Django, Celery, connection)",
-                flush=True,
-            )
+            # The three in a rotating order (fan-out first in run 1: its rows are the references'
+            # rows), so that a noisy moment of this shared machine does not always hit one.
+            names = ["fanout", "bulk_create", "copy"]
+            shift = (number - 1) % len(names)
+            for name in names[shift:] + names[:shift]:
+                if name == "fanout":
+                    r = one_fanout_run(args, env, list_id, expected, number)
+                    runs.append(r)
+                    if not rows:
+                        rows = audience_rows(r["campaign_id"])
+                    continue
+                load = os.getloadavg()[0]
+                ref = (reference_bulk_create if name == "bulk_create" else reference_copy)(
+                    rows, number, list_id
+                )
+                references[name].append(ref)
+                extra = (
+                    f" (the buffer built beforehand in {ref['buffer_s']:.2f} s, not timed)"
+                    if "buffer_s" in ref
+                    else ""
+                )
+                print(
+                    f"run {number} (load average {load:.2f} before): reference {name} of the same {len(rows):,} rows "
+                    f"into delivery_message: {ref['wall_s']:.2f} s = {ref['rows_per_s']:,.0f} rows/s{extra}",
+                    flush=True,
+                )
         explain_step(list_id, args.step, args.explain)
     finally:
         reset_state()  # leaves no million message rows nor 10,000 tasks behind
+    return summarise(runs, references)
 
+
+def one_fanout_run(
+    args: argparse.Namespace, env: dict[str, str], list_id: int, expected: int, number: int
+) -> dict[str, Any]:
+    load = os.getloadavg()[0]
+    r = one_run(args, env, list_id, expected, number)
+    print(
+        f"run {number} (load average {load:.2f} before): {r['rows']:,} rows in {r['wall_s']:.2f} s "
+        f"= {r['rows_per_s']:,.0f} rows/s ({r['members_per_s']:,.0f} members/s), "
+        f"{r['steps']} steps of {r['step_size']}, {r['tasks']:,} tasks in Redis `normal`\n"
+        f"  time: step INSERT…SELECT {r['step_sql_s']:.2f} s ({100 * r['step_sql_s'] / r['wall_s']:.0f}%), "
+        f"outbox rows {r['record_outbox_s']:.2f} s ({100 * r['record_outbox_s'] / r['wall_s']:.0f}%), "
+        f"publish+delete outbox {r['publish_s']:.2f} s ({100 * r['publish_s'] / r['wall_s']:.0f}%), "
+        f"COMMIT (with the deferred FK checks) {r['commit_s']:.2f} s "
+        f"({100 * r['commit_s'] / r['wall_s']:.0f}%), "
+        f"rest (lock, campaign row, Python) {r['other_s']:.2f} s "
+        f"({100 * r['other_s'] / r['wall_s']:.0f}%)\n"
+        f"  CPU: fan-out process {r['cpu_s']:.2f} s, its PostgreSQL backend {r['backend_cpu_s']:.2f} s; "
+        f"WAL {r['wal_mb']:,.0f} MB, checkpoints during the run {r['checkpoints']}\n"
+        f"  peak RSS {r['peak_rss_kb'] / 1024:.0f} MB (VmHWM; ru_maxrss {r['ru_maxrss_kb'] / 1024:.0f} MB), "
+        f"of which {r['rss_before_kb'] / 1024:.0f} MB before fan_out() (Django, Celery, connection)",
+        flush=True,
+    )
+    return r
+
+
+def summarise(runs: list[dict[str, Any]], references: dict[str, list[dict[str, float]]]) -> int:
     total = median(r["wall_s"] for r in runs)
     rss = median(r["peak_rss_kb"] for r in runs) / 1024
     members_per_s = median(r["members_per_s"] for r in runs)
@@ -536,6 +670,19 @@ def main() -> int:
     }
     for key, unit, fmt in METRICS:
         print(f"fanout_{key}: {fmt.format(values[key])} {unit}")
+    rows_per_s = values["rows_per_s"]
+    for name in ("bulk_create", "copy"):
+        print(f"fanout_{name}_rows_per_s: {median(ref['rows_per_s'] for ref in references[name]):.0f} rows/s")
+    # Ratios of the medians, and each run's ratio to the references of the same run beside them.
+    for name in ("bulk_create", "copy"):
+        per_run = [
+            run["rows_per_s"] / ref["rows_per_s"] for run, ref in zip(runs, references[name], strict=True)
+        ]
+        print(f"fanout_{name}_ratio_per_run: {' '.join(f'{x:.2f}' for x in per_run)}")
+    for name in ("copy", "bulk_create"):
+        print(
+            f"fanout_{name}_ratio: {rows_per_s / median(ref['rows_per_s'] for ref in references[name]):.2f}"
+        )
     return 0
 
 
