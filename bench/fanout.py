@@ -36,6 +36,15 @@ After the runs, one step is run once more under EXPLAIN (ANALYZE, BUFFERS) in a 
 transaction, with the foreign-key checks made immediate so that their triggers' time shows, to
 show how PostgreSQL spends a step (full plan with --explain).
 
+References in the same run, same rows, same table (its indexes and deferred foreign keys), in an
+order that rotates with the fan-out from run to run: Django `bulk_create` (model instances built
+from the rows, BULK_CREATE_CHUNK per INSERT, one transaction) and psycopg2 `copy_expert` from an
+in-memory text buffer built before the clock starts (its build time printed apart). The rows are
+(contact, address) of run 1's fan-out, the other columns as fan-out writes them.
+`fanout_copy_ratio` and `fanout_bulk_create_ratio` are fan-out's median rows/s over theirs (and
+each run's ratio is printed too). Django's bulk_create of 1M rows takes minutes here; use
+--contacts 200000 for a quicker sitting.
+
 The last lines are the medians across runs, one `name: value unit` each.
 """
 
