@@ -8,6 +8,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "emailhub.settings")
 django_application = get_wsgi_application()
 
 # Imported after Django is set up (get_wsgi_application), as the tracking modules read settings.
+from core import outbox  # noqa: E402
 from delivery.tracking.serve import TrackingFastPath  # noqa: E402
 from emailhub import db_health  # noqa: E402
 
@@ -17,3 +18,5 @@ from emailhub import db_health  # noqa: E402
 application = TrackingFastPath(django_application)
 # A connection health check at most once a second per connection (emailhub/db_health.py).
 db_health.install()
+# Each web thread publishes its requests' tasks through a producer it keeps (core/outbox.py).
+outbox.keep_producer_per_thread()
