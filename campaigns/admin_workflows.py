@@ -30,9 +30,7 @@ immediate, at, local_time, optimized; `#id_scheduled_at`, `#id_zone`, `#id_local
 
 from __future__ import annotations
 
-import csv
-import io
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -57,7 +55,7 @@ from django.utils.html import format_html
 from django.views.decorators.http import require_POST
 
 from campaigns import import_jobs, lifecycle
-from campaigns.api.campaigns import ScheduleSerializer
+from campaigns.api.campaigns import ScheduleSerializer, schedule_validated
 from campaigns.exceptions import CampaignStateError
 from campaigns.importing import ImportFileError
 from campaigns.models import Campaign, Contact, ContactList, ImportIssue, ImportJob, Priority, Template
@@ -122,19 +120,6 @@ class ImportUploadForm(forms.Form):
     def target_list_name(self) -> str | None:
         chosen = self.cleaned_data.get("contact_list")
         return chosen.name if chosen else (self.cleaned_data.get("list_name") or "").strip() or None
-
-
-def _rejections_csv(job: ImportJob) -> Iterator[str]:
-    buffer = io.StringIO()
-    writer = csv.writer(buffer)
-    writer.writerow(["line", "reason", "excerpt"])
-    for count, issue in enumerate(import_jobs.rejections(job), start=1):
-        writer.writerow([issue.line, issue.reason, issue.excerpt])
-        if count % 1_000 == 0:
-            yield buffer.getvalue()
-            buffer.seek(0)
-            buffer.truncate()
-    yield buffer.getvalue()
 
 
 def import_progress(job: ImportJob) -> dict[str, Any]:
@@ -237,7 +222,9 @@ class ImportJobWorkflows(admin.ModelAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied
         job = get_object_or_404(ImportJob, pk=job_id)
-        response = StreamingHttpResponse(_rejections_csv(job), content_type="text/csv; charset=utf-8")
+        response = StreamingHttpResponse(
+            import_jobs.rejections_csv(job), content_type="text/csv; charset=utf-8"
+        )
         response["Content-Disposition"] = f'attachment; filename="import-{job.pk}-rejected.csv"'
         return response
 
@@ -346,18 +333,8 @@ class ScheduleForm(forms.Form):
 
 def _schedule(campaign_id: int, data: dict[str, Any], seen_updated_at: str) -> Campaign:
     """lifecycle.schedule with the arguments the API's schedule view passes."""
-    return lifecycle.schedule(
-        campaign_id,
-        data["type"],
-        data.get("scheduled_at"),
-        local_date=data.get("local_date"),
-        local_time=data.get("local_time"),
-        past_time_policy=data.get("past_time_policy"),
-        window_start=data.get("window_start"),
-        window_hours=data.get("window_hours"),
-        holdout_percent=data.get("holdout_percent"),
-        unchanged_since=datetime.fromisoformat(seen_updated_at) if seen_updated_at else None,
-    )
+    unchanged_since = datetime.fromisoformat(seen_updated_at) if seen_updated_at else None
+    return schedule_validated(campaign_id, data, unchanged_since=unchanged_since)
 
 
 def _describe(campaign: Campaign) -> str:

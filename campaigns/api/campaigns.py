@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
@@ -110,6 +111,25 @@ class CampaignSerializer(serializers.ModelSerializer):
 
     def update(self, instance: Campaign, validated_data: dict[str, Any]) -> Campaign:
         return lifecycle.update_draft(instance.pk, validated_data)
+
+
+def schedule_validated(
+    campaign_id: int, data: dict[str, Any], *, unchanged_since: datetime | None = None
+) -> Campaign:
+    """lifecycle.schedule with what a valid ScheduleSerializer holds (the API's view and the
+    admin's Schedule page)."""
+    return lifecycle.schedule(
+        campaign_id,
+        data["type"],
+        data.get("scheduled_at"),
+        local_date=data.get("local_date"),
+        local_time=data.get("local_time"),
+        past_time_policy=data.get("past_time_policy"),
+        window_start=data.get("window_start"),
+        window_hours=data.get("window_hours"),
+        holdout_percent=data.get("holdout_percent"),
+        unchanged_since=unchanged_since,
+    )
 
 
 class ScheduleSerializer(serializers.Serializer):
@@ -282,18 +302,7 @@ class CampaignAction(APIView):
             if self.action == "schedule":
                 params = ScheduleSerializer(data=request.data)
                 params.is_valid(raise_exception=True)
-                data = params.validated_data
-                campaign = lifecycle.schedule(
-                    pk,
-                    data["type"],
-                    data.get("scheduled_at"),
-                    local_date=data.get("local_date"),
-                    local_time=data.get("local_time"),
-                    past_time_policy=data.get("past_time_policy"),
-                    window_start=data.get("window_start"),
-                    window_hours=data.get("window_hours"),
-                    holdout_percent=data.get("holdout_percent"),
-                )
+                campaign = schedule_validated(pk, params.validated_data)
             else:
                 campaign = getattr(lifecycle, self.action)(pk)
         except CampaignStateError as exc:

@@ -6,9 +6,6 @@ with the job; the job runs on a worker (campaigns.import_jobs).
 
 from __future__ import annotations
 
-import csv
-import io
-from collections.abc import Iterator
 from typing import Any
 
 from django.db.models import QuerySet
@@ -125,19 +122,6 @@ class ImportDuplicatesView(_IssuesView):
     kind = ImportIssue.Kind.DUPLICATE
 
 
-def _csv_lines(job: ImportJob) -> Iterator[str]:
-    buffer = io.StringIO()
-    writer = csv.writer(buffer)
-    writer.writerow(["line", "reason", "excerpt"])
-    for count, issue in enumerate(import_jobs.rejections(job), start=1):
-        writer.writerow([issue.line, issue.reason, issue.excerpt])
-        if count % 1_000 == 0:
-            yield buffer.getvalue()
-            buffer.seek(0)
-            buffer.truncate()
-    yield buffer.getvalue()
-
-
 class ImportRejectionsCsvView(APIView):
     content_negotiation_class = IgnoreAccept  # `Accept: text/csv` was a 406 (core.api_negotiation)
 
@@ -145,7 +129,9 @@ class ImportRejectionsCsvView(APIView):
     def get(self, request: Request, pk: int, *args: Any) -> StreamingHttpResponse:
         """Every rejected row as CSV (line, reason, excerpt), streamed."""
         job = get_object_or_404(ImportJob, pk=pk)
-        response = StreamingHttpResponse(_csv_lines(job), content_type="text/csv; charset=utf-8")
+        response = StreamingHttpResponse(
+            import_jobs.rejections_csv(job), content_type="text/csv; charset=utf-8"
+        )
         response["Content-Disposition"] = f'attachment; filename="import-{job.pk}-rejected.csv"'
         return response
 

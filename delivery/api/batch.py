@@ -17,10 +17,10 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from delivery.api.serializer_cache import validated
-from delivery.api.serializers import MessageCreateSerializer
+from delivery.api.serializers import MessageCreateSerializer, new_message
 from delivery.exceptions import BatchConflict
 from delivery.models import ApiKey, ApiKeyScope
-from delivery.services.messages import BatchItem, NewMessage, accept_batch, request_fingerprint
+from delivery.services.messages import BatchItem, accept_batch, request_fingerprint
 
 LIMIT_SETTING = "EMAILHUB_API_BATCH_MAX_MESSAGES"
 ENVELOPE = {"messages", "partial"}
@@ -102,24 +102,6 @@ class BatchConflictError(exceptions.APIException):
     default_code = "idempotency_conflict"
 
 
-def _new_message(data: dict[str, Any]) -> NewMessage:
-    return NewMessage(
-        to=data["to"],
-        priority=data["priority"],
-        from_email=data.get("from_email"),
-        reply_to=data.get("reply_to"),
-        subject=data.get("subject"),
-        html=data.get("html"),
-        text=data.get("text"),
-        template=data.get("template"),
-        context=data.get("context") or None,
-        send_at=data.get("send_at"),
-        unsubscribe=data["unsubscribe"],
-        track_opens=data["track_opens"],
-        track_clicks=data["track_clicks"],
-    )
-
-
 def _indexes(indexes: list[int]) -> str:
     shown = ", ".join(map(str, indexes[:20]))
     return shown + (f" and {len(indexes) - 20} more" if len(indexes) > 20 else "")
@@ -197,7 +179,7 @@ class MessageBatchView(APIView):
             fingerprint = None
             if key is not None:
                 fingerprint = request_fingerprint({k: v for k, v in raw.items() if k != "idempotency_key"})
-            items.append(BatchItem(_new_message(data), key, fingerprint))
+            items.append(BatchItem(new_message(data), key, fingerprint))
         if invalid and not partial:
             raise exceptions.ValidationError(
                 {

@@ -13,6 +13,7 @@ from campaigns.unsubscribe import CONTEXT_FLAG
 from core.api_schema import EmailAddressField
 from core.validators import no_crlf, validate_mailbox
 from delivery.models import EmailEvent, Message
+from delivery.services.messages import NewMessage
 from delivery.services.test_sends import TEST_SEND_FLAG
 from delivery.tracking.links import CONTEXT_CLICKS, CONTEXT_OPENS
 
@@ -97,6 +98,26 @@ class MessageCreateSerializer(serializers.Serializer):
             if errors:
                 raise serializers.ValidationError(errors)
         return attrs
+
+
+def new_message(data: dict[str, Any]) -> NewMessage:
+    """The message a valid MessageCreateSerializer describes (`POST /messages` and each item of
+    `POST /messages/batch`)."""
+    return NewMessage(
+        to=data["to"],
+        priority=data["priority"],
+        from_email=data.get("from_email"),
+        reply_to=data.get("reply_to"),
+        subject=data.get("subject"),
+        html=data.get("html"),
+        text=data.get("text"),
+        template=data.get("template"),
+        context=data.get("context") or None,
+        send_at=data.get("send_at"),
+        unsubscribe=data["unsubscribe"],
+        track_opens=data["track_opens"],
+        track_clicks=data["track_clicks"],
+    )
 
 
 class MessageSerializer(serializers.ModelSerializer):

@@ -16,6 +16,7 @@ from delivery.api.serializers import (
     EventFilterSerializer,
     MessageCreateSerializer,
     MessageSerializer,
+    new_message,
 )
 from delivery.exceptions import IdempotencyConflict
 from delivery.models import ApiKey, ApiKeyScope, EmailEvent, Message
@@ -27,7 +28,7 @@ from delivery.selectors import (
     provider_chains,
     provider_health,
 )
-from delivery.services.messages import NewMessage, accept_message, request_fingerprint
+from delivery.services.messages import accept_message, request_fingerprint
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 
@@ -96,21 +97,7 @@ class MessageListView(mixins.ListModelMixin, generics.GenericAPIView):
                 status=status.HTTP_400_BAD_REQUEST,
             )
         data = validated(MessageCreateSerializer, request.data)
-        new = NewMessage(
-            to=data["to"],
-            priority=data["priority"],
-            from_email=data.get("from_email"),
-            reply_to=data.get("reply_to"),
-            subject=data.get("subject"),
-            html=data.get("html"),
-            text=data.get("text"),
-            template=data.get("template"),
-            context=data.get("context") or None,
-            send_at=data.get("send_at"),
-            unsubscribe=data["unsubscribe"],
-            track_opens=data["track_opens"],
-            track_clicks=data["track_clicks"],
-        )
+        new = new_message(data)
         try:
             message, created = accept_message(
                 new,
