@@ -82,6 +82,20 @@ def api(api_key: tuple[ApiKey, str]) -> APIClient:
     return client
 
 
+def process_env(smtp_port: int, **extra: str) -> dict[str, str]:
+    """The environment of an emailhub process a test starts: the test database and Redis
+    database, the test SMTP server, plus `extra`."""
+    db = settings.DATABASES["default"]
+    return {
+        "DJANGO_SETTINGS_MODULE": "emailhub.settings",
+        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "REDIS_URL": settings.REDIS_URL,
+        "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
+        "SMTP_PORT": str(smtp_port),
+        **extra,
+    }
+
+
 @pytest.fixture
 def stack(
     transactional_db,
@@ -90,15 +104,7 @@ def stack(
     tmp_path: Path,  # noqa: ANN001
 ) -> Iterator[Stack]:
     """emailhub processes (started by the test) on the test database; all stopped afterwards."""
-    db = settings.DATABASES["default"]
-    env = {
-        "DJANGO_SETTINGS_MODULE": "emailhub.settings",
-        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-        "REDIS_URL": settings.REDIS_URL,
-        "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
-        "SMTP_PORT": str(smtp.port),
-        "EMAILHUB_OUTBOX_GRACE_SECONDS": str(settings.EMAILHUB_OUTBOX_GRACE_SECONDS),
-    }
+    env = process_env(smtp.port, EMAILHUB_OUTBOX_GRACE_SECONDS=str(settings.EMAILHUB_OUTBOX_GRACE_SECONDS))
     stack = Stack(env=env, log_dir=tmp_path / "logs")
     try:
         yield stack

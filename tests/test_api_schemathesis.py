@@ -29,7 +29,6 @@ import requests
 import schemathesis
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from django.conf import settings
 from django.core.management import call_command
 from drf_spectacular.generators import SchemaGenerator
 from hypothesis import strategies as st
@@ -44,6 +43,7 @@ from schemathesis.specs.openapi.checks import (
 from delivery.authentication import create_api_key
 from delivery.testing.smtp_server import free_port
 from scripts.stack import Stack
+from tests.conftest import process_env
 
 # `django_db` so that pytest-django sets up the test database; each case runs in a transaction
 # of its own that it never uses (the web process, not the test, talks to the database).
@@ -171,19 +171,14 @@ def live_api(
 ) -> Iterator[tuple[str, dict[str, str]]]:
     """gunicorn (2 workers, EMAILHUB_DEBUG=false) on the test database holding one of each
     object; (base URL, headers with a key of every scope). The database is flushed after."""
-    db = settings.DATABASES["default"]
-    env = {
-        "DJANGO_SETTINGS_MODULE": "emailhub.settings",
-        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-        "REDIS_URL": settings.REDIS_URL,
-        "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
-        "SMTP_PORT": str(smtp_server.port),
-        "EMAILHUB_DEBUG": "false",
+    env = process_env(
+        smtp_server.port,
+        EMAILHUB_DEBUG="false",
         # Configured as deployed: without a key the SendGrid webhook answers 503 on purpose (so
         # SendGrid keeps its events until the operator sets one), which is no bug to find here.
-        "EMAILHUB_SENDGRID_WEBHOOK_PUBLIC_KEY": _sendgrid_public_key(),
-        "EMAILHUB_SES_SNS_TOPIC_ARNS": "arn:aws:sns:eu-west-1:123456789012:emailhub-events",
-    }
+        EMAILHUB_SENDGRID_WEBHOOK_PUBLIC_KEY=_sendgrid_public_key(),
+        EMAILHUB_SES_SNS_TOPIC_ARNS="arn:aws:sns:eu-west-1:123456789012:emailhub-events",
+    )
     stack = Stack(env=env, log_dir=tmp_path_factory.mktemp("schemathesis") / "logs")
     with django_db_blocker.unblock():
         try:

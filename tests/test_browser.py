@@ -42,6 +42,7 @@ from campaigns.models import Campaign, Contact, ContactList, ImportJob, ListMemb
 from delivery.models import Message
 from delivery.testing.smtp_server import SMTPTestServer, free_port
 from scripts.stack import PROCESSES, READY_MARKERS, ROOT, Stack, with_option
+from tests.conftest import process_env
 
 CHROMIUM = os.environ.get("EMAILHUB_CHROMIUM", "/usr/bin/chromium")
 if not os.access(CHROMIUM, os.X_OK):
@@ -103,18 +104,13 @@ def deployed(
     smtp_server: SMTPTestServer,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Deployed]:
-    db = settings.DATABASES["default"]
-    env = {
-        "DJANGO_SETTINGS_MODULE": "emailhub.settings",
-        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-        "REDIS_URL": settings.REDIS_URL,
-        "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
-        "SMTP_PORT": str(smtp_server.port),
-        "EMAILHUB_OUTBOX_GRACE_SECONDS": str(settings.EMAILHUB_OUTBOX_GRACE_SECONDS),
-        "EMAILHUB_DEBUG": "false",
-        "SMTP_MAX_SEND_RATE": str(SEND_RATE),
-        "EMAILHUB_BATCH_SIZE_NORMAL": str(BATCH),
-    }
+    env = process_env(
+        smtp_server.port,
+        EMAILHUB_OUTBOX_GRACE_SECONDS=str(settings.EMAILHUB_OUTBOX_GRACE_SECONDS),
+        EMAILHUB_DEBUG="false",
+        SMTP_MAX_SEND_RATE=str(SEND_RATE),
+        EMAILHUB_BATCH_SIZE_NORMAL=str(BATCH),
+    )
     client = redis_lib.Redis.from_url(settings.REDIS_URL)
     client.flushdb()
     smtp_server.clear()
