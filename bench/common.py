@@ -5,6 +5,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -36,3 +39,14 @@ def prepare(database: str, redis_url: str, **extra: str) -> dict[str, str]:
     os.environ.update(env)  # this process reads and writes the same database and Redis
     django.setup()
     return env
+
+
+def run_clients(client: Callable[[], None], concurrency: int) -> float:
+    """Run `client` on `concurrency` threads at once; the seconds until the last one finished."""
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(concurrency)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return time.perf_counter() - started

@@ -33,7 +33,6 @@ import itertools
 import math
 import os
 import sys
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -44,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 import redis  # noqa: E402
 import requests  # noqa: E402
 
-from bench.common import prepare  # noqa: E402
+from bench.common import prepare, run_clients  # noqa: E402
 from bench.smtp_sink import free_port  # noqa: E402
 from scripts.stack import PROCESSES, Stack, with_option  # noqa: E402
 
@@ -72,13 +71,7 @@ def hit_all(base: str, paths: list[str], concurrency: int) -> tuple[float, list[
                 if response.status_code not in (200, 302):
                     errors.append(f"HTTP {response.status_code} for {paths[i][:40]}")
 
-    threads = [threading.Thread(target=client, daemon=True) for _ in range(concurrency)]
-    started = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    elapsed = time.perf_counter() - started
+    elapsed = run_clients(client, concurrency)
     if errors:
         raise RuntimeError(errors[0])
     return elapsed, sorted(request_ms)

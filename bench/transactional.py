@@ -48,7 +48,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from collections.abc import Callable
@@ -64,7 +63,7 @@ import redis  # noqa: E402
 import requests  # noqa: E402
 from django.db import connection  # noqa: E402
 
-from bench.common import prepare  # noqa: E402
+from bench.common import prepare, run_clients  # noqa: E402
 from bench.reference import TABLE_SQL  # noqa: E402
 from bench.smtp_sink import SinkUnavailable, free_port, open_sink  # noqa: E402
 from scripts.stack import PROCESSES, Process, Stack, with_option  # noqa: E402
@@ -145,13 +144,7 @@ def drive(
                     return
                 results[i] = response.json()
 
-    threads = [threading.Thread(target=client, daemon=True) for _ in range(concurrency)]
-    started = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    elapsed = time.perf_counter() - started
+    elapsed = run_clients(client, concurrency)
     if errors:
         raise RuntimeError(f"the API refused a request: {errors[0]}")
     return results, elapsed, sorted(api_ms)

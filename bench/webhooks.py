@@ -32,7 +32,6 @@ import math
 import os
 import signal
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -47,7 +46,7 @@ from cryptography.hazmat.primitives import hashes, serialization  # noqa: E402
 from cryptography.hazmat.primitives.asymmetric import ec  # noqa: E402
 from django.db import connection  # noqa: E402
 
-from bench.common import prepare  # noqa: E402
+from bench.common import prepare, run_clients  # noqa: E402
 from bench.smtp_sink import free_port  # noqa: E402
 from bench.transactional import group_stats  # noqa: E402
 from delivery.testing.sns import TOPIC_ARN, SNSSigner, ses_event  # noqa: E402
@@ -114,13 +113,7 @@ def post_all(
                     errors.append(f"HTTP {response.status_code}: {response.text[:300]}")
                     return
 
-    threads = [threading.Thread(target=client, daemon=True) for _ in range(concurrency)]
-    started = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    elapsed = time.perf_counter() - started
+    elapsed = run_clients(client, concurrency)
     if errors:
         raise RuntimeError(f"the webhook refused a request: {errors[0]} (see {LOG_DIR})")
     return elapsed, sorted(request_ms)
