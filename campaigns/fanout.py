@@ -2,11 +2,12 @@
 
 Each step is one transaction that takes the next `batch` list members in contact-id order
 (keyset pagination over the (list, contact) unique index), inserts one queued message per
-active, non-suppressed member with INSERT … SELECT … ON CONFLICT DO NOTHING (no Python object
-per recipient), records one send task per `EMAILHUB_BATCH_SIZE_<PRIORITY>` new ids in the
+active, non-suppressed member that has none yet with one INSERT … SELECT (no Python object per
+recipient), records one send task per `EMAILHUB_BATCH_SIZE_<PRIORITY>` new ids in the
 outbox, and moves the campaign's cursor and counters. A fan-out killed mid-way leaves every
-committed step whole; run again it resumes at the cursor, and UNIQUE(campaign, contact) makes a
-step that is replayed insert nothing twice. The INSERT itself is the delivery app's, whose
+committed step whole; run again it resumes at the cursor, and the step's anti-join on the
+campaign's messages (UNIQUE(campaign, contact) behind it) makes a replayed step insert nothing
+twice. The INSERT itself is the delivery app's, whose
 state machine owns every write to messages (`delivery.services.transitions.materialise_step`);
 this module walks the list and owns the campaign's cursor and counters.
 

@@ -133,13 +133,22 @@ SELECT (SELECT max(contact_id) FROM members),
        (SELECT coalesce(array_agg(id ORDER BY id), '{}') FROM created)
 """
 
+# A member this campaign already has a message for gets none: an anti-join, not ON CONFLICT DO
+# NOTHING, whose speculative insertion made a step of 20,000 rows ~18% slower (166 → 137 ms, four
+# runs each on bench/fanout.py's data). Exact because only fan-out inserts campaign messages and
+# a campaign's steps run one at a time under its advisory lock (campaigns.fanout);
+# UNIQUE(campaign, contact) stays as the backstop.
+_NOT_YET = """NOT EXISTS (
+           SELECT 1 FROM delivery_message AS m WHERE m.campaign_id = %(campaign_id)s AND m.contact_id = a.id
+       )"""
+
 _STEP_SQL = f"""
 WITH {AUDIENCE_STEP_CTES}, created AS (
     INSERT INTO delivery_message (campaign_id, contact_id, template_id, to_email, priority, status, queued_at)
     SELECT %(campaign_id)s, a.id, %(template_id)s, a.email, %(priority)s, 'queued', now()
       FROM audience AS a
+     WHERE {_NOT_YET}
      ORDER BY a.id
-    ON CONFLICT (campaign_id, contact_id) DO NOTHING
     RETURNING id
 )
 {_RESULT.strip()}
@@ -157,8 +166,8 @@ WITH {AUDIENCE_STEP_CTES}, zones AS (
     SELECT %(campaign_id)s, a.id, %(template_id)s, a.email, %(priority)s, 'scheduled', zones.due
       FROM audience AS a
       JOIN zones ON zones.name = a.timezone
+     WHERE {_NOT_YET}
      ORDER BY a.id
-    ON CONFLICT (campaign_id, contact_id) DO NOTHING
     RETURNING id
 )
 {_RESULT.strip()}
@@ -187,8 +196,8 @@ WITH {AUDIENCE_STEP_CTES}, slots AS (
       CROSS JOIN LATERAL (SELECT {best_hour_sql("a.id")} AS hour) AS b
       LEFT JOIN slots AS s ON s.name = a.timezone AND s.hour = b.hour
       LEFT JOIN fallbacks AS f ON f.name = a.timezone
+     WHERE {_NOT_YET}
      ORDER BY a.id
-    ON CONFLICT (campaign_id, contact_id) DO NOTHING
     RETURNING id
 )
 {_RESULT.strip()}
@@ -209,7 +218,8 @@ def materialise_step(
     """Insert the campaign's messages for the next `limit` members of its list after `cursor`
     (`queued`; with `zones` `scheduled` at each contact's local instant; with an optimized
     campaign's `plan` `scheduled` at each contact's best hour in the window), one
-    `INSERT … SELECT … ON CONFLICT DO NOTHING`: a replayed step inserts nothing twice.
+    `INSERT … SELECT` that skips the members already given one: a replayed step inserts
+    nothing twice.
 
     Returns the last member looked at (None when there was none), how many members were looked
     at, and the ids created.
