@@ -1,13 +1,17 @@
-"""Reading Celery messages straight out of the Redis broker, to see what was published."""
+"""Reading Celery messages straight out of the Redis broker, to see what was published; pointing this
+process at an unreachable broker, or at a RabbitMQ vhost of its own."""
 
 from __future__ import annotations
 
 import base64
 import json
+import subprocess
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import pytest
 import redis as redis_lib
 
 from emailhub.celery import app, reset_broker_connections
@@ -36,3 +40,29 @@ def broker_unreachable() -> Iterator[None]:
     finally:
         app.conf.broker_write_url = original
         reset_broker_connections()
+
+
+def rabbitmqctl(*args: str) -> None:
+    subprocess.run(["rabbitmqctl", *args], check=True, capture_output=True, timeout=60)
+
+
+@contextmanager
+def rabbit_broker() -> Iterator[tuple[str, str]]:
+    """A vhost of our own on the local RabbitMQ, this process's Celery app pointed at it; removed
+    after. Yields (broker URL, vhost)."""
+    vhost = f"emailhub_test_{uuid.uuid4().hex[:8]}"
+    try:
+        rabbitmqctl("add_vhost", vhost)
+        rabbitmqctl("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
+    except (OSError, subprocess.SubprocessError) as exc:
+        pytest.skip(f"RabbitMQ not manageable here: {exc}")
+    url = f"amqp://guest:guest@127.0.0.1:5672/{vhost}"
+    original = (app.conf.broker_url, app.conf.broker_write_url, app.conf.broker_read_url)
+    app.conf.broker_url = app.conf.broker_write_url = app.conf.broker_read_url = url
+    reset_broker_connections()
+    try:
+        yield url, vhost
+    finally:
+        app.conf.broker_url, app.conf.broker_write_url, app.conf.broker_read_url = original
+        reset_broker_connections()
+        rabbitmqctl("delete_vhost", vhost)

@@ -4,12 +4,8 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import time
-import uuid
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
 from django.db import transaction
@@ -20,10 +16,9 @@ from core.models import OutboxEvent
 from delivery.models import Message
 from delivery.services import probes, send_events
 from delivery.testing.smtp_server import SMTPTestServer
-from emailhub.celery import app, reset_broker_connections
 from scheduling import reconciler
 from scripts.stack import Stack
-from tests.broker import queued_tasks
+from tests.broker import queued_tasks, rabbit_broker, rabbitmqctl
 from tests.conftest import wait_for_status, wait_until
 
 pytestmark = pytest.mark.processes
@@ -124,33 +119,6 @@ def test_a_consumed_probe_does_not_republish_rows_queued_after_it(
 
 # ---- RabbitMQ: the same rule, with no broker introspection at all ----------------------------
 
-RABBIT_VHOST = f"emailhub_test_a_{uuid.uuid4().hex[:8]}"
-
-
-def _rabbitmqctl(*args: str) -> None:
-    subprocess.run(["rabbitmqctl", *args], check=True, capture_output=True, timeout=60)
-
-
-@contextmanager
-def _rabbit_broker() -> Iterator[str]:
-    """A vhost of our own on the local RabbitMQ, this process's Celery app pointed at it; removed after."""
-    try:
-        _rabbitmqctl("add_vhost", RABBIT_VHOST)
-        _rabbitmqctl("set_permissions", "-p", RABBIT_VHOST, "guest", ".*", ".*", ".*")
-    except (OSError, subprocess.SubprocessError) as exc:
-        pytest.skip(f"RabbitMQ not manageable here: {exc}")
-    url = f"amqp://guest:guest@127.0.0.1:5672/{RABBIT_VHOST}"
-    original = (app.conf.broker_url, app.conf.broker_write_url, app.conf.broker_read_url)
-
-    app.conf.broker_url = app.conf.broker_write_url = app.conf.broker_read_url = url
-    reset_broker_connections()
-    try:
-        yield url
-    finally:
-        app.conf.broker_url, app.conf.broker_write_url, app.conf.broker_read_url = original
-        reset_broker_connections()
-        _rabbitmqctl("delete_vhost", RABBIT_VHOST)
-
 
 def test_a_dispatched_retry_whose_task_was_lost_on_rabbitmq_is_sent_automatically(
     stack: Stack,
@@ -163,7 +131,7 @@ def test_a_dispatched_retry_whose_task_was_lost_on_rabbitmq_is_sent_automaticall
     Redis marker is intact (nothing tells the reconciler that the broker lost data)."""
     settings.EMAILHUB_QUEUE_PROBE_MARGIN_SECONDS = 0.0
     settings.EMAILHUB_QUEUE_PROBE_TIMEOUT_SECONDS = 2.0  # the purge takes the probe too: replaced
-    with _rabbit_broker() as url:
+    with rabbit_broker() as (url, vhost):
         stack.env["CELERY_BROKER_URL"] = url
         worker = stack.start("worker-transactional")
         stack.kill("worker-transactional")  # SIGKILL: nobody consumes `critical` now
@@ -178,7 +146,7 @@ def test_a_dispatched_retry_whose_task_was_lost_on_rabbitmq_is_sent_automaticall
         wait_for_status(message.pk, "queued", timeout=20)  # dispatched: its task is on RabbitMQ
         wait_until(lambda: OutboxEvent.objects.count() == 0, 10, "the retry's task to be published")
         stack.stop("scheduler")
-        _rabbitmqctl("purge_queue", "-p", RABBIT_VHOST, "critical")  # the broker lost it
+        rabbitmqctl("purge_queue", "-p", vhost, "critical")  # the broker lost it
         stack.start("worker-transactional", key="worker-transactional-2")
 
         assert _tick_until_sent(message.pk, settings) == {"critical": 1}
