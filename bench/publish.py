@@ -3,7 +3,8 @@
     .venv/bin/python bench/publish.py [--tasks 2000] [--rounds 5]
 
 Publishes `delivery.send_messages([id])` tasks with core.outbox's own publish path (one event
-per call, as a web request does) to a queue of its own (`bench_publish`) in BENCH_REDIS_URL
+per call, as a web request does; the task message built by core.outbox._publish, not by
+Celery's send_task since de656eb) to a queue of its own (`bench_publish`) in BENCH_REDIS_URL
 (default Redis database 14), alternately:
 - `pool`: a producer acquired from Celery's pool per call (what the workers do, and the web did);
 - `kept`: the producer the calling thread keeps (`outbox.keep_producer_per_thread()`, the web's).

@@ -103,7 +103,8 @@ class MessageListView(mixins.ListModelMixin, generics.GenericAPIView):
                 new,
                 api_key=request.auth if isinstance(request.auth, ApiKey) else None,
                 idempotency_key=idempotency_key,
-                fingerprint=request_fingerprint(request.data),
+                # Only a keyed request is ever compared with an earlier one.
+                fingerprint=request_fingerprint(request.data) if idempotency_key is not None else None,
             )
         except IdempotencyConflict as exc:
             return Response({IDEMPOTENCY_HEADER: [str(exc)]}, status=status.HTTP_422_UNPROCESSABLE_ENTITY)
