@@ -109,8 +109,8 @@ def _publish(kind: str, payload: Payload, producer: Any) -> None:
 # (`app.amqp.as_task_v2`, then `send_task_message`'s routing), with what is the same for every
 # message of a queue worked out once. send_task did that work on every call: its router, a
 # dozen configuration look-ups through Django's settings, the retry policy merged, the queue's
-# exchange resolved, kombu's JSON encoder walking the arguments; ~270 µs of CPU a publish against
-# ~100 µs here (bench/publish.py). tests/test_outbox_messages.py checks the messages against
+# exchange resolved, kombu's JSON encoder walking the arguments (bench/publish.py, kept producer:
+# 289–347 µs of CPU a task through send_task, 132–161 µs built here). tests/test_outbox_messages.py checks the messages against
 # send_task's own, on Redis and on RabbitMQ. Not sent: Celery's before/after_task_publish
 # signals, which nothing here listens to.
 _EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
@@ -145,7 +145,42 @@ def _route(queue_name: str) -> _Route:
     return route
 
 
-_ORIGIN = anon_nodename()
+# The settings and task options that Celery.send_task would apply and _publish does not (none
+# is set in this project): each would change the messages, so each is refused at start-up
+# (core/checks.py) rather than ignored.
+_UNSUPPORTED_SETTINGS = {
+    "task_routes": None,
+    "task_compression": None,
+    "task_protocol": 2,
+    "task_send_sent_event": False,
+    "task_default_priority": None,
+    "task_inherit_parent_priority": False,
+}
+# Time limits are not here: a message without them runs under the task's and the worker's own.
+# Nor are a task decorator's own priority, expires or compression, which send_task would also
+# apply: the outbox's tasks set none (tests/test_outbox_messages.py compares the messages).
+
+
+def unsupported_publish_settings() -> list[str]:
+    """What the configuration asks of a publish that core.outbox's own messages would not do."""
+    return [
+        f"CELERY_{name.upper()} is set to {getattr(celery_app.conf, name)!r}; core.outbox builds task "
+        f"messages itself and supports only {default!r} (core/outbox.py _publish)"
+        for name, default in _UNSUPPORTED_SETTINGS.items()
+        if getattr(celery_app.conf, name, default) != default
+    ]
+
+
+_origin: tuple[int, str] = (0, "")
+
+
+def _origin_name() -> str:
+    """send_task's `origin` header: this process's node name (a forked worker child has its own)."""
+    global _origin
+    pid = os.getpid()
+    if _origin[0] != pid:
+        _origin = (pid, anon_nodename())
+    return _origin[1]
 
 
 def _task_headers(task_name: str, task_id: str, args: list[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -166,7 +201,7 @@ def _task_headers(task_name: str, task_id: str, args: list[Any], kwargs: dict[st
         # characters: Celery's own saferepr walk was a quarter of a publish's CPU (profiled).
         "argsrepr": _cut(repr(args)),
         "kwargsrepr": _cut(repr(kwargs)),
-        "origin": _ORIGIN,
+        "origin": _origin_name(),
         "ignore_result": None,  # send_task's: the task's own setting decides
         "replaced_task_nesting": 0,
         "stamped_headers": None,

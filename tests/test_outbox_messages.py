@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 from typing import Any
 
 import pytest
@@ -71,6 +72,15 @@ def test_outbox_messages_are_send_tasks_messages_on_redis(redis, kind) -> None: 
     assert not OutboxEvent.objects.exists()
 
 
+def _get(queue: Any, timeout: float = 5.0) -> Any:
+    """The next message on `queue`, waiting a little: without publisher confirms a publish
+    returns before the broker has routed it."""
+    deadline = time.monotonic() + timeout
+    while (message := queue.get(no_ack=True)) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return message
+
+
 def test_outbox_messages_are_send_tasks_messages_on_rabbitmq(kind) -> None:  # noqa: ANN001
     with rabbit_broker() as (url, _):
         _publish_both("low")  # the outbox declares the queue as send_task does: nothing is dropped
@@ -78,7 +88,7 @@ def test_outbox_messages_are_send_tasks_messages_on_rabbitmq(kind) -> None:  # n
         with Connection(url) as conn:
             queue = app.amqp.queues["low"](conn.default_channel)
             for _ in range(2):
-                message = queue.get(no_ack=True)
+                message = _get(queue)
                 assert message is not None, "a task was not routed to its queue"
                 assert message.content_type == "application/json"
                 assert message.delivery_info["routing_key"] == "low"
@@ -88,6 +98,7 @@ def test_outbox_messages_are_send_tasks_messages_on_rabbitmq(kind) -> None:  # n
     assert ours == celerys and ours["properties"]["delivery_mode"] == 2
 
 
+@pytest.mark.processes
 def test_a_worker_runs_the_outbox_message(stack: Stack, smtp: SMTPTestServer) -> None:
     message = Message.objects.create(
         to_email="built@example.com", subject="s", text="t", priority="critical", status="queued"

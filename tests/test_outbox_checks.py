@@ -1,0 +1,27 @@
+"""core.outbox's own task messages cover this project's Celery settings; one it would not apply
+is refused at start-up (`manage.py check`, core.E001) instead of being ignored."""
+
+from __future__ import annotations
+
+import pytest
+from django.core import checks
+
+from core import outbox
+from emailhub.celery import app
+
+
+def test_the_project_settings_pass() -> None:
+    assert outbox.unsupported_publish_settings() == []
+    assert [m for m in checks.run_checks() if m.id == "core.E001"] == []
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [("task_routes", {"delivery.*": {"queue": "low"}}), ("task_compression", "gzip"), ("task_protocol", 1)],
+)
+def test_a_setting_the_outbox_would_ignore_stops_the_process(
+    monkeypatch: pytest.MonkeyPatch, setting: str, value: object
+) -> None:
+    monkeypatch.setitem(app.conf, setting, value)
+    errors = [m for m in checks.run_checks() if m.id == "core.E001"]
+    assert len(errors) == 1 and f"CELERY_{setting.upper()}" in errors[0].msg
