@@ -95,6 +95,47 @@ def test_a_second_fan_out_of_the_same_campaign_backs_off() -> None:
     assert Message.objects.count() == 0
 
 
+def test_a_message_inserted_outside_fan_out_while_a_step_runs_is_skipped_not_a_failure(caplog) -> None:  # noqa: ANN001
+    """The anti-join cannot see another transaction's uncommitted row; the step's INSERT then
+    waits for it and meets UNIQUE(campaign, contact), and the step runs again with ON CONFLICT."""
+    audience = make_audience(10)
+    campaign = sending(make_campaign(audience))
+    member = Contact.objects.get(email="r3@example.com")
+    inserted, release = threading.Event(), threading.Event()
+
+    def insert_and_hold() -> None:
+        try:
+            with transaction.atomic():
+                Message.objects.create(
+                    campaign=campaign,
+                    contact=member,
+                    to_email=member.email,
+                    priority="normal",
+                    status="queued",
+                )
+                inserted.set()
+                release.wait(10)  # committed while the step's INSERT waits on the unique index
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=insert_and_hold)
+    thread.start()
+    assert inserted.wait(10)
+    timer = threading.Timer(1.0, release.set)
+    timer.start()
+    try:
+        report = fanout.fan_out(campaign.pk)
+    finally:
+        release.set()
+        thread.join()
+    assert report.finished and report.created == 9
+    assert Message.objects.filter(campaign=campaign).count() == 10
+    assert Message.objects.filter(campaign=campaign, contact=member).count() == 1
+    assert "inserted outside fan-out" in caplog.text
+    campaign.refresh_from_db()
+    assert (campaign.total_count, campaign.excluded_count) == (9, 1)
+
+
 def test_fan_out_stops_at_the_next_step_once_paused() -> None:
     campaign = sending(make_campaign(make_audience(100)))
     fanout.fan_out(campaign.pk, step_size=10, max_steps=1)

@@ -18,13 +18,14 @@ send events themselves.
 from __future__ import annotations
 
 import json
+import logging
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 
 from campaigns.selectors import (
     AUDIENCE_STEP_CTES,
@@ -37,6 +38,8 @@ from campaigns.selectors import (
 from campaigns.selectors import UNSUBSCRIBE_CONTEXT_FLAG as CONTEXT_FLAG
 from core.metrics import NO_PROVIDER
 from delivery.services import send_events
+
+logger = logging.getLogger(__name__)
 
 # --- accept -------------------------------------------------------------------------------------
 
@@ -205,6 +208,20 @@ WITH {AUDIENCE_STEP_CTES}, slots AS (
 """
 
 
+# The same steps with ON CONFLICT DO NOTHING, for the one case the anti-join cannot see: a row
+# for one of the step's members that another transaction inserted and had not committed when the
+# step's snapshot was taken. Only fan-out inserts campaign messages, one step at a time under the
+# campaign's lock, so nothing does that today; if something ever does, the step is run again this
+# way (materialise_step) instead of failing on UNIQUE(campaign, contact) at every retry.
+_ON_CONFLICT_STEP_SQL = {
+    sql: sql.replace(
+        "    RETURNING id\n)", "    ON CONFLICT (campaign_id, contact_id) DO NOTHING\n    RETURNING id\n)", 1
+    )
+    for sql in (_STEP_SQL, _LOCAL_STEP_SQL, _OPTIMIZED_STEP_SQL)
+}
+assert all(fallback != sql for sql, fallback in _ON_CONFLICT_STEP_SQL.items())
+
+
 def materialise_step(
     *,
     campaign_id: int,
@@ -248,9 +265,21 @@ def materialise_step(
             holdout_percent=plan.holdout_percent,
         )
         sql = _OPTIMIZED_STEP_SQL
-    with connection.cursor() as db:
-        db.execute(sql, params)
-        last_member, members, ids = db.fetchone()
+    try:
+        # A savepoint (the step runs in fan-out's transaction), so the step can run again.
+        with transaction.atomic(), connection.cursor() as db:
+            db.execute(sql, params)
+            last_member, members, ids = db.fetchone()
+    except IntegrityError as exc:
+        logger.error(
+            "campaign %s: a message for a member of this step was inserted outside fan-out (%s); "
+            "the step skips it",
+            campaign_id,
+            exc,
+        )
+        with connection.cursor() as db:
+            db.execute(_ON_CONFLICT_STEP_SQL[sql], params)
+            last_member, members, ids = db.fetchone()
     return last_member, members, list(ids)
 
 
