@@ -110,9 +110,9 @@ def _publish(kind: str, payload: Payload, producer: Any) -> None:
 # message of a queue worked out once. send_task did that work on every call: its router, a
 # dozen configuration look-ups through Django's settings, the retry policy merged, the queue's
 # exchange resolved, kombu's JSON encoder walking the arguments (bench/publish.py, kept producer:
-# 289–347 µs of CPU a task through send_task, 132–161 µs built here). tests/test_outbox_messages.py checks the messages against
-# send_task's own, on Redis and on RabbitMQ. Not sent: Celery's before/after_task_publish
-# signals, which nothing here listens to.
+# 289–347 µs of CPU a task through send_task, 132–161 µs built here).
+# tests/test_outbox_messages.py checks the messages against send_task's own, on Redis and on
+# RabbitMQ. Not sent: Celery's before/after_task_publish signals, which nothing here listens to.
 _EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 
 

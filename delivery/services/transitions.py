@@ -141,7 +141,7 @@ SELECT (SELECT max(contact_id) FROM members),
 # it, 137 ms with the anti-join, four runs each on bench/fanout.py's data; the whole list's steps,
 # 8 rounds: backend CPU 2.10 → 1.80 s). Exact because only fan-out inserts campaign messages and
 # a campaign's steps run one at a time under its advisory lock (campaigns.fanout);
-# UNIQUE(campaign, contact) stays as the backstop.
+# UNIQUE(campaign, contact) stays as the backstop (_ON_CONFLICT_STEP_SQL below).
 _NOT_YET = """NOT EXISTS (
            SELECT 1 FROM delivery_message AS m WHERE m.campaign_id = %(campaign_id)s AND m.contact_id = a.id
        )"""
