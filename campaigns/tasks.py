@@ -7,10 +7,12 @@ from celery import shared_task
 from campaigns import engagement, fanout, import_jobs, lifecycle
 from campaigns.models import Campaign
 from campaigns.progress import complete_if_finished
+from core.outages import TASK_RETRY
 from delivery.services import transitions
 
 
-@shared_task(name="campaigns.fan_out", acks_late=True)
+# Retried within seconds when PostgreSQL or the broker is briefly unreachable (core/outages.py).
+@shared_task(name="campaigns.fan_out", acks_late=True, **TASK_RETRY)
 def fan_out(campaign_id: int, requeue: bool = False) -> dict[str, int]:
     if requeue and Campaign.objects.filter(pk=campaign_id, status=Campaign.Status.SENDING).exists():
         transitions.republish_queued(campaign_id)

@@ -8,6 +8,7 @@ from celery import shared_task
 from celery.signals import worker_init, worker_process_init, worker_process_shutdown
 
 from core import outbox
+from core.outages import TASK_RETRY
 from delivery.breakers import reset_process_state
 from delivery.providers import check_provider_settings, close_all
 from delivery.services import probes, sweeps, tracking
@@ -16,7 +17,8 @@ from delivery.services.sending import send_messages as send_messages_service
 logger = logging.getLogger(__name__)
 
 
-@shared_task(name="delivery.send_messages", acks_late=True)
+# Retried within seconds when PostgreSQL or the broker is briefly unreachable (core/outages.py).
+@shared_task(name="delivery.send_messages", acks_late=True, **TASK_RETRY)
 def send_messages(message_ids: list[int]) -> dict[str, int]:
     report = send_messages_service(message_ids)
     return vars(report)

@@ -26,6 +26,7 @@ from rest_framework import exceptions
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from core.outages import DEPENDENCY_UNREACHABLE
 from core.validators import unstorable_reason
 from emailhub.api_json import RequestTooLarge
 
@@ -49,7 +50,13 @@ CODES = {
     422: "unprocessable",
     429: "throttled",
     500: "server_error",
+    503: "unavailable",
 }
+
+# A dependency briefly out of reach (PostgreSQL restarting, Redis or the broker away) is not the
+# client's fault nor a bug: 503 with Retry-After, so clients retry (issue 18: a PostgreSQL restart
+# answered 442 requests with 500). Nothing is half-stored: every accept is one transaction.
+UNAVAILABLE_RETRY_AFTER_SECONDS = 5
 
 
 def error_body(
@@ -126,8 +133,18 @@ def _django_exception(exc: Exception) -> exceptions.APIException | None:
     return None
 
 
+def _unavailable(exc: Exception) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """Status, body and headers for a dependency that is briefly unreachable."""
+    logger.warning("a dependency is unreachable, answering 503: %r", exc)
+    body = error_body(503, "a service emailhub depends on is briefly unreachable; try again shortly")
+    return 503, body, {"Retry-After": str(UNAVAILABLE_RETRY_AFTER_SECONDS)}
+
+
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     """DRF's handler, with Django's request errors added, answering in the common shape."""
+    if isinstance(exc, DEPENDENCY_UNREACHABLE):
+        status_code, body, headers = _unavailable(exc)
+        return Response(body, status=status_code, headers=headers)
     exc = _django_exception(exc) or exc
     response = drf_exception_handler(exc, context)
     if response is None:
@@ -177,6 +194,12 @@ class ApiErrorMiddleware:
     def process_exception(self, request: HttpRequest, exc: Exception) -> HttpResponse | None:
         if not request.path_info.startswith(API_PREFIX):
             return None
+        if isinstance(exc, DEPENDENCY_UNREACHABLE):  # raised outside a DRF view
+            status_code, body, headers = _unavailable(exc)
+            response = _json(status_code, body)
+            for name, value in headers.items():
+                response[name] = value
+            return response
         known = _django_exception(exc)
         if known is not None:
             return _json(

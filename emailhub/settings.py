@@ -209,6 +209,9 @@ EMAILHUB_RETRY_MAX_SECONDS = env_float("EMAILHUB_RETRY_MAX_SECONDS", 3600.0, min
 EMAILHUB_OUTBOX_GRACE_SECONDS = env_float("EMAILHUB_OUTBOX_GRACE_SECONDS", 2.0, minimum=0.0)
 # A message stuck in `sending` this long (its worker died) is given back to the queue.
 EMAILHUB_SENDING_LEASE_SECONDS = env_int("EMAILHUB_SENDING_LEASE_SECONDS", 600, minimum=10)
+# How long a worker keeps trying to record a batch the providers have answered while PostgreSQL is
+# unreachable (a restart, a failover) before it gives up and leaves the batch to that lease.
+EMAILHUB_RECORD_RETRY_SECONDS = env_float("EMAILHUB_RECORD_RETRY_SECONDS", 60.0, minimum=0.0)
 # Stranded `queued` messages (delivery/services/probes.py): a queue's probe must have been
 # consumed this long before the queue is checked (a task delivered just before the probe has
 # claimed its rows by then; with prefetch 1 that takes milliseconds), and the same margin is

@@ -10,17 +10,28 @@ The metrics (core.metrics) count the same moved rows, once per batch and after t
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import transaction
 
 from campaigns.models import Suppression
 from campaigns.progress import move_counters
 from campaigns.suppressions import suppress
 from core import metrics
+from core.outages import retry_while_unreachable
 from core.schedule_index import index_after_commit, message_unit
 from delivery.services.transitions import Outcomes, Recorded, record_outcomes
 
 
 def record(outcomes: Outcomes) -> None:
+    """Record a batch's outcomes. While PostgreSQL is briefly unreachable the same transaction is
+    tried again in place for up to EMAILHUB_RECORD_RETRY_SECONDS: the providers have already
+    answered, and a batch left `sending` would be requeued after the lease and sent again."""
+    retry_while_unreachable(
+        lambda: _record(outcomes), seconds=settings.EMAILHUB_RECORD_RETRY_SECONDS, what="recording a batch"
+    )
+
+
+def _record(outcomes: Outcomes) -> None:
     with transaction.atomic():
         recorded = record_outcomes(outcomes)
         if recorded.retrying:

@@ -6,6 +6,7 @@ its SMTP sink. It runs in a background thread; use it as a context manager so it
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
@@ -42,6 +43,10 @@ class _Handler:
         self.mail_reply: str | None = None
         self.data_reply: str | None = None
         self.drop_connections = 0
+        # While set, the end of DATA is received (and counted in `held`) but not answered, so a
+        # test can act while a message is at the provider and not yet accepted.
+        self.hold_data = threading.Event()
+        self.held = 0
 
     async def handle_EHLO(
         self, server: Any, session: Any, envelope: Any, hostname: str, responses: list[str]
@@ -77,6 +82,11 @@ class _Handler:
         received = ReceivedMessage(
             envelope.mail_from, list(envelope.rcpt_tos), envelope.content, peer=tuple(session.peer[:2])
         )
+        if self.hold_data.is_set():
+            with self.lock:
+                self.held += 1
+            while self.hold_data.is_set():
+                await asyncio.sleep(0.01)
         with self.lock:
             self.messages.append(received)
         return "250 Message accepted for delivery"
@@ -120,6 +130,20 @@ class SMTPTestServer:
             self.handler.mail_reply = None
             self.handler.data_reply = None
             self.handler.drop_connections = 0
+            self.handler.held = 0
+        self.handler.hold_data.clear()
+
+    def hold_data_replies(self, hold: bool = True) -> None:
+        """Hold (or release) the reply to the end of DATA; `held` counts messages waiting for it."""
+        if hold:
+            self.handler.hold_data.set()
+        else:
+            self.handler.hold_data.clear()
+
+    @property
+    def held(self) -> int:
+        with self.handler.lock:
+            return self.handler.held
 
     def reply_for(self, address: str, reply: str) -> None:
         """Answer RCPT TO for this address with e.g. ``"550 5.1.1 no such user"``."""
