@@ -9,23 +9,32 @@ from celery.signals import beat_init, task_prerun, worker_process_shutdown
 from kombu import Exchange, Queue, pools
 
 from core.metrics_dir import mark_dead
+from emailhub import broker
+from core.liveness import Heartbeat
 from emailhub.periodic import ensure_periodic_tasks  # models imported inside it, at call time
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "emailhub.settings")
+
+# kombu's Redis transport with the close that a Redis restart could turn into a dead worker mended
+# (emailhub/broker.py); before any broker connection exists.
+broker.install()
 
 app = Celery("emailhub")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 
 # One queue per priority plus `campaigns` for fan-out work and `system` for the periodic
-# housekeeping (outbox relay, due sweep). The transactional pool consumes critical,high,system;
-# the bulk pool normal,low,campaigns. A critical message never waits behind a bulk one because
-# no process that takes bulk work ever takes critical work.
+# housekeeping (outbox relay, reconciler, stale-send and stall sweeps). The transactional pool
+# consumes critical,high,system; the bulk pool normal,low,campaigns,system. A critical message
+# never waits behind a bulk one because no process that takes bulk work ever takes critical work;
+# the housekeeping is taken by both, so one dead or stuck pool never stops every pool's recovery.
 PRIORITY_QUEUES = ("critical", "high", "normal", "low")
 app.conf.task_queues = [
     Queue(name, Exchange(name, type="direct"), routing_key=name)
     for name in (*PRIORITY_QUEUES, "campaigns", "system")
 ]
 app.autodiscover_tasks()
+# The worker's liveness file, touched while its consumer is connected (core/liveness.py).
+app.steps["consumer"].add(Heartbeat)
 
 
 def reset_broker_connections() -> None:

@@ -176,6 +176,11 @@ CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 # request does (emailhub/celery.py).
 CELERY_DB_REUSE_MAX = env_int("CELERY_DB_REUSE_MAX", 5000, minimum=0)
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+# A worker touches its liveness file (core/liveness.py; `python -m core.liveness NODE` is
+# the health check) this often while its consumer is connected; the directory holds one file per
+# worker node name ("" = the system's temporary directory).
+EMAILHUB_WORKER_LIVENESS_SECONDS = env_float("EMAILHUB_WORKER_LIVENESS_SECONDS", 10.0, minimum=0.1)
+EMAILHUB_WORKER_LIVENESS_DIR = env_str("EMAILHUB_WORKER_LIVENESS_DIR", "")
 
 # --- emailhub ---------------------------------------------------------------------------------
 

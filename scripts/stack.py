@@ -38,7 +38,7 @@ PROCESSES: dict[str, list[str]] = {
         "--without-mingle", "--without-gossip", "--loglevel", "INFO",
     ],
     "worker-bulk": [
-        "celery", "-A", "emailhub", "worker", "-Q", "normal,low,campaigns",
+        "celery", "-A", "emailhub", "worker", "-Q", "normal,low,campaigns,system",
         "--concurrency", "2", "-n", "bulk@%h", "--without-mingle", "--without-gossip",
         "--loglevel", "INFO",
     ],
