@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from datetime import UTC, datetime
 
 import pytest
 from django.db import transaction
@@ -154,3 +155,46 @@ def test_a_dispatched_retry_whose_task_was_lost_on_rabbitmq_is_sent_automaticall
         assert [m.rcpt_tos for m in smtp.messages] == [["retry@example.com"]]
         assert Message.objects.get(pk=message.pk).attempts == 2
         stack.stop_all()
+
+
+# ---- The bound, with controlled time ----------------------------------------------------------
+
+TICK = 30.0  # beat's reconcile interval (emailhub/periodic.py)
+
+
+@pytest.mark.parametrize("phase", [0.0, 0.5, 10.0, 29.5, 45.0, 89.5])
+def test_a_stranded_message_is_republished_between_margin_plus_one_and_two_probe_cycles_after_it_was_queued(
+    db,
+    redis,
+    settings,
+    phase: float,  # noqa: ANN001
+) -> None:
+    """The probes' own clocks (Redis TIME, PostgreSQL's clock_timestamp()) replaced by a virtual
+    one: every reconcile tick 30 s apart, the probe consumed by a worker a moment after it was
+    published, the message queued at `phase` seconds into a probe cycle and its task lost."""
+    margin = settings.EMAILHUB_QUEUE_PROBE_MARGIN_SECONDS  # 60 s
+    cycle = TICK * (margin // TICK + 1)  # 90 s: delivery/services/probes.py, "How long it takes"
+    start = time.time() - 86_400  # a day ago: every real clock the cutoff is compared with is later
+    queued_at = start + 300 + phase
+    message = Message.objects.create(
+        to_email="lost@example.com",
+        subject="s",
+        text="t",
+        priority="critical",
+        queued_at=datetime.fromtimestamp(queued_at, tz=UTC),
+    )
+    tick = start
+    while tick < queued_at + margin + 3 * cycle:
+        report = probes.run(now=tick)
+        if report.republished:
+            assert report.republished == {"critical": 1}
+            break
+        if "critical" in report.published:  # the worker consumes it (milliseconds, prefetch 1)
+            assert probes.mark_consumed("critical", probes.state("critical")["token"], now=tick + 0.05)
+        tick += TICK
+    else:
+        pytest.fail("the stranded message was never republished")
+    # 150 < delay <= 240 s with the defaults: 240 for a row queued just as a probe went out,
+    # 150.5 for one queued half a second before the next (docs/architecture.md, "Stranded").
+    assert margin + cycle < tick - queued_at <= margin + 2 * cycle
+    assert Message.objects.get(pk=message.pk).queued_at > message.queued_at  # moved: republished

@@ -33,6 +33,18 @@ campaign's resume) moves its `queued_at` in the same transaction, so the rule ho
 
 Claims are conditional, so a wrong guess would cost a task that finds nothing to do, never a
 second email. Nothing here asks the broker anything: it works the same on Redis and RabbitMQ.
+
+How long it takes (tests/test_stranded_queued.py checks it with controlled time). With the
+reconcile tick every P seconds (beat's "emailhub: reconcile schedule", 30 s) and the margin M
+(EMAILHUB_QUEUE_PROBE_MARGIN_SECONDS, 60 s), a probe is consumed a moment after the tick that
+publishes it and checked at the first tick more than M after that, so one probe cycle is
+L = P * (floor(M / P) + 1) seconds (90 s). A row queued at Q has no evidence before a probe
+whose cutoff (its publication minus M) is later than Q; the first such probe is published
+within L after Q + M and checked L later. So a stranded row is republished between M + L and
+M + 2L after it was queued: 150 to 240 s with the defaults (issue 18 measured 142 and 233 s;
+the docs had said "two ticks plus the margin", 120 s, which held for neither). An idle queue's
+probe is consumed at once; behind a backlog, the cycle waits for the backlog, and a lost probe
+adds up to EMAILHUB_QUEUE_PROBE_TIMEOUT_SECONDS (600 s).
 """
 
 from __future__ import annotations
@@ -60,10 +72,20 @@ REPUBLISH_STEP = 50_000
 
 # One decision per tick, atomic so that two beats (two reconcilers) never both act on one
 # consumed probe: the winner installs its own token at once and the other sees `wait`.
-# Returns {decision, old cutoff}. Times are Redis's own clock.
-_BEGIN = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+# Returns {decision, old cutoff}. Times are Redis's own clock, unless a test gives its own
+# (ARGV[4], `now=`: the bound below is tested with controlled time).
+_NOW = """
+local now
+if ARGV[{arg}] and ARGV[{arg}] ~= '' then
+  now = tonumber(ARGV[{arg}])
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+"""
+_BEGIN = (
+    _NOW.format(arg=4)
+    + """
 local s = redis.call('HMGET', KEYS[1], 'token', 'cutoff', 'published', 'consumed')
 local decision
 if not s[1] then
@@ -80,19 +102,24 @@ redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'token', ARGV[3], 'published', tostring(now))
 return {decision, s[2] or false}
 """
+)
 _SET_CUTOFF = """
 if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'cutoff', ARGV[2])
 return 1
 """
-_CONSUMED = """
+_CONSUMED = (
+    """
 if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] or redis.call('HEXISTS', KEYS[1], 'consumed') == 1 then
   return 0
 end
-local t = redis.call('TIME')
-redis.call('HSET', KEYS[1], 'consumed', tostring(tonumber(t[1]) + tonumber(t[2]) / 1000000))
+"""
+    + _NOW.format(arg=2)
+    + """
+redis.call('HSET', KEYS[1], 'consumed', tostring(now))
 return 1
 """
+)
 _DROP = (
     "if redis.call('HGET', KEYS[1], 'token') == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 )
@@ -100,7 +127,7 @@ _DROP = (
 # The cutoff, read from PostgreSQL's clock (see the module docstring). least() skips NULLs.
 _CUTOFF_SQL = """
 SELECT extract(epoch FROM least(
-         clock_timestamp(),
+         coalesce(to_timestamp(%s::float8), clock_timestamp()),
          %s::timestamptz,
          (SELECT min(xact_start) FROM pg_stat_activity
            WHERE datname = current_database() AND backend_xid IS NOT NULL AND pid <> pg_backend_pid())
@@ -120,19 +147,27 @@ def _key(queue: str) -> str:
     return KEY.format(queue=queue)
 
 
-def mark_consumed(queue: str, token: str) -> bool:
+def mark_consumed(queue: str, token: str, *, now: float | None = None) -> bool:
     """The probe task's body: record that `token` reached a worker (only the current token counts)."""
-    return bool(redis_client().eval(_CONSUMED, 1, _key(queue), token))
+    return bool(redis_client().eval(_CONSUMED, 1, _key(queue), token, _epoch(now)))
 
 
-def current_cutoff(margin: float) -> float:
+def current_cutoff(margin: float, *, now: float | None = None) -> float:
     with connection.cursor() as cursor:
-        cursor.execute(_CUTOFF_SQL, [outbox.oldest_pending(send_events.SEND_MESSAGES), margin])
+        cursor.execute(_CUTOFF_SQL, [now, outbox.oldest_pending(send_events.SEND_MESSAGES), margin])
         return float(cursor.fetchone()[0])
 
 
-def run(*, margin: float | None = None, timeout: float | None = None) -> ProbeReport:
-    """One tick of the probes (the reconciler calls this): check consumed probes, start new ones."""
+def _epoch(now: float | None) -> str:
+    return "" if now is None else repr(now)
+
+
+def run(
+    *, margin: float | None = None, timeout: float | None = None, now: float | None = None
+) -> ProbeReport:
+    """One tick of the probes (the reconciler calls this): check consumed probes, start new ones.
+
+    `now` (epoch seconds) replaces the Redis and PostgreSQL clocks, for tests only."""
     margin = settings.EMAILHUB_QUEUE_PROBE_MARGIN_SECONDS if margin is None else margin
     timeout = settings.EMAILHUB_QUEUE_PROBE_TIMEOUT_SECONDS if timeout is None else timeout
     report = ProbeReport()
@@ -141,7 +176,7 @@ def run(*, margin: float | None = None, timeout: float | None = None) -> ProbeRe
     cutoffs: dict[str, float] = {}
     for queue in PRIORITY_QUEUES:
         token = uuid.uuid4().hex
-        decision, old_cutoff = client.eval(_BEGIN, 1, _key(queue), margin, timeout, token)
+        decision, old_cutoff = client.eval(_BEGIN, 1, _key(queue), margin, timeout, token, _epoch(now))
         decision = decision.decode() if isinstance(decision, bytes) else decision
         if decision == "wait":
             continue
@@ -161,7 +196,7 @@ def run(*, margin: float | None = None, timeout: float | None = None) -> ProbeRe
     if not tokens:
         return report
     # Taken after the republish committed (and its tasks went out), so those rows are after it.
-    cutoff = current_cutoff(margin)
+    cutoff = current_cutoff(margin, now=now)
     with celery_app.producer_or_acquire() as producer:
         for queue, token in tokens.items():
             try:
