@@ -32,7 +32,8 @@ from django.utils import timezone
 from campaigns.models import Campaign
 from campaigns.optimized import window_plan
 from campaigns.progress import complete_if_finished
-from campaigns.selectors import WindowPlan
+from campaigns.selectors import AUDIENCE_TABLES, WindowPlan
+from core import statistics
 from core.localtime import due_by_timezone
 from core.schedule_index import index_after_commit, slot_unit
 from delivery.services import send_events, transitions
@@ -67,6 +68,10 @@ def _fan_out(
 ) -> FanoutReport:
     step_size = step_size or settings.EMAILHUB_FANOUT_STEP
     report = FanoutReport()
+    # The steps join the list's members to the contacts: after a bulk load that autovacuum has
+    # not analyzed yet, the planner picks a plan for empty tables (41 s instead of 0.25 s for a
+    # step). One catalog query when the statistics are current (core/statistics.py).
+    statistics.analyze_stale(AUDIENCE_TABLES)
     zones: dict[str, datetime] | None = None
     plan: WindowPlan | None = None
     while max_steps is None or report.steps < max_steps:

@@ -35,6 +35,8 @@ from django.utils import timezone
 from campaigns import importing
 from campaigns.importing import ImportFileError, ImportReport, Position
 from campaigns.models import ContactList, ImportChunk, ImportIssue, ImportJob
+from campaigns.selectors import AUDIENCE_TABLES
+from core import statistics
 
 logger = logging.getLogger(__name__)
 
@@ -189,7 +191,10 @@ def run_import_job(
             error=f"{type(exc).__name__}: {exc}"[:2000]
         )
         raise
-    _finish(job_id, token, Status.COMPLETED)
+    if _finish(job_id, token, Status.COMPLETED):
+        # The planner's statistics for the rows just loaded, now: a campaign started right after
+        # an import must not wait for autovacuum to learn they exist (core/statistics.py).
+        statistics.analyze(AUDIENCE_TABLES)
     return ImportJob.objects.get(pk=job_id)
 
 

@@ -15,6 +15,10 @@ from datetime import datetime
 
 from django.db import connection
 
+# The tables a step joins (below), whose planner statistics must be current when fan-out starts,
+# and which an import fills in bulk (core/statistics.py).
+AUDIENCE_TABLES = ("campaigns_contact", "campaigns_listmembership")
+
 # The next %(limit)s members of list %(list_id)s after contact id %(cursor)s, in contact-id order
 # (keyset pagination over the (list, contact) unique index), then those of them fan-out may mail:
 # active and not suppressed. Two CTEs, `members` (every member looked at: the cursor moves past
