@@ -63,6 +63,38 @@ def test_readme_starts_with_the_two_commands_and_shows_every_process_command() -
         assert " ".join(argv) in readme, f"README does not show the {name} command: {' '.join(argv)}"
 
 
+def test_every_process_has_a_systemd_unit_with_the_same_command_that_restarts_it_always() -> None:
+    for name, argv in PROCESSES.items():
+        if name == "smtp-sink":
+            continue  # development only
+        unit = (ROOT / "deploy" / "systemd" / f"emailhub-{name}.service").read_text()
+        [exec_start] = [line for line in unit.splitlines() if line.startswith("ExecStart=")]
+        executable, *args = exec_start.removeprefix("ExecStart=").replace("%%", "%").split()
+        assert executable.endswith(f"/.venv/bin/{argv[0]}"), name
+        assert args == argv[1:], name
+        assert "\nRestart=always\n" in unit, name
+
+
+def test_compose_checks_each_workers_liveness_under_its_own_node_name() -> None:
+    services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    for name in ("worker-transactional", "worker-bulk"):
+        command = services[name]["command"]
+        node = command[command.index("-n") + 1]
+        assert services[name]["healthcheck"]["test"] == ["CMD", "python", "-m", "core.liveness", node]
+        assert services[name]["restart"] == "unless-stopped"
+
+
+def test_both_worker_pools_take_the_housekeeping_queue_and_only_one_takes_critical_mail() -> None:
+    queues = {
+        name: PROCESSES[name][PROCESSES[name].index("-Q") + 1].split(",")
+        for name in PROCESSES
+        if "-Q" in PROCESSES[name]
+    }
+    assert all("system" in taken for taken in queues.values()), queues
+    assert [name for name, taken in queues.items() if "critical" in taken] == ["worker-transactional"]
+    assert not {"critical", "high"} & set(queues["worker-bulk"])
+
+
 def test_ci_runs_the_readme_test_command() -> None:
     assert "make test" in (ROOT / ".ci" / "run").read_text()
 
