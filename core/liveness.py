@@ -45,7 +45,7 @@ def liveness_file(nodename: str, directory: str | None = None) -> Path:
 class Heartbeat(bootsteps.StartStopStep):
     """A consumer step: touch the worker's liveness file while the consumer is connected."""
 
-    requires = {"celery.worker.consumer.tasks:Tasks"}
+    requires = ("celery.worker.consumer.tasks:Tasks",)
 
     def __init__(self, parent: Any, **kwargs: Any) -> None:
         super().__init__(parent, **kwargs)
