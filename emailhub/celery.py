@@ -8,9 +8,9 @@ from celery import Celery
 from celery.signals import beat_init, task_prerun, worker_process_shutdown
 from kombu import Exchange, Queue, pools
 
+from core.liveness import Heartbeat
 from core.metrics_dir import mark_dead
 from emailhub import broker
-from core.liveness import Heartbeat
 from emailhub.periodic import ensure_periodic_tasks  # models imported inside it, at call time
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "emailhub.settings")
