@@ -12,7 +12,7 @@ from django.conf import settings
 from core import metrics
 from delivery.breakers import CircuitOpen, guarded_call, seconds_until_probe
 from delivery.exceptions import ProviderThrottled
-from delivery.providers import OutgoingEmail, SendResult, get_provider
+from delivery.providers import UNGUARDED, Guard, OutgoingEmail, SendResult, get_provider
 from delivery.ratelimit import bucket_for, pause_provider, pause_remaining
 
 logger = logging.getLogger(__name__)
@@ -34,9 +34,12 @@ TRANSACTIONAL_MAX_WAIT_SECONDS = 1.0
 QUOTA_WAIT_SECONDS = 1.0
 
 
-def send_via(name: str, emails: Sequence[OutgoingEmail], *, transactional: bool) -> list[SendResult]:
+def send_via(
+    name: str, emails: Sequence[OutgoingEmail], *, transactional: bool, guard: Guard = UNGUARDED
+) -> list[SendResult]:
     """One result per email. Raises ProviderSkipped, or ProviderUnavailable (counted by the breaker).
 
+    The provider asks `guard` before it hands each email over (ABANDONED when it may not).
     Error texts do not repeat the provider's name: the caller prefixes it.
     """
     paused = pause_remaining(name)
@@ -68,7 +71,7 @@ def send_via(name: str, emails: Sequence[OutgoingEmail], *, transactional: bool)
     def call() -> list[SendResult]:
         started = time.perf_counter()
         try:
-            return provider.send_batch(batch)
+            return provider.send_batch(batch, guard)
         finally:  # failures too: a slow timeout is what the histogram is for
             metrics.observe_provider_call(name, time.perf_counter() - started)
 
