@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import ClassVar, Self
+from urllib.parse import urlsplit
 
 from delivery.exceptions import ProviderThrottled, ProviderUnavailable, UnsupportedFeature
 
@@ -130,6 +131,12 @@ class Provider:
     """
 
     name: ClassVar[str] = ""
+    # Which server this instance sends to, without credentials ("relay.example.com:587", an API
+    # URL): one provider name may point at different servers in different processes (the bulk
+    # pool's SMTP_HOST another relay than the transactional pool's), and each server gets its own
+    # circuit, send-rate bucket and pause (delivery/services/gateway.py). Empty: the provider has
+    # one endpoint, and its name alone names its circuit.
+    endpoint: str = ""
 
     @classmethod
     def from_settings(cls) -> Self:
@@ -203,6 +210,17 @@ class Provider:
 
     def close(self) -> None:  # noqa: B027 - optional hook; most providers hold nothing open
         """Release connections. Called when a worker process shuts down."""
+
+
+def url_endpoint(url: str) -> str:
+    """An API URL as an endpoint: scheme, host, port and path, without user, password, query or
+    fragment (which may carry credentials)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{host}{port}{parts.path.rstrip('/')}" if parts.scheme else url
 
 
 def parse_retry_after(value: str | None) -> float | None:

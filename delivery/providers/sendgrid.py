@@ -28,7 +28,14 @@ from delivery.exceptions import (
     ProviderUnavailable,
     UnsupportedFeature,
 )
-from delivery.providers.base import Guard, OutgoingEmail, Provider, SendResult, parse_retry_after
+from delivery.providers.base import (
+    Guard,
+    OutgoingEmail,
+    Provider,
+    SendResult,
+    parse_retry_after,
+    url_endpoint,
+)
 from delivery.providers.mime import message_id_for
 
 MAX_PERSONALIZATIONS = 1000
@@ -74,6 +81,7 @@ class SendGridProvider(Provider):
         if not api_key:
             raise ProviderConfigurationError("SENDGRID_API_KEY is empty; set it to use the sendgrid provider")
         self.api = sendgrid.SendGridAPIClient(api_key=api_key, host=host)
+        self.endpoint = url_endpoint(host)
         # python_http_client passes this timeout to urllib for every request it builds.
         self.api.client.timeout = timeout
 

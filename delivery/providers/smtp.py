@@ -97,6 +97,7 @@ class SMTPProvider(Provider):
     ) -> None:
         self.host = host
         self.port = port
+        self.endpoint = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         self.username = username
         self.password = password
         self.starttls = starttls

@@ -31,16 +31,13 @@ from campaigns.unsubscribe import (
 from core.templating import EmailTemplate, TemplateSyntaxError
 from delivery.exceptions import ProviderUnavailable
 from delivery.providers import Outcome, OutgoingEmail
-from delivery.services.gateway import ProviderSkipped, send_via
+from delivery.services.gateway import BULK, TRANSACTIONAL, ProviderSkipped, send_via
 from delivery.services.lease import CLOCK, ClaimLease
 from delivery.services.recording import record
 from delivery.services.transitions import ClaimedMessage, Outcomes, claim
 from delivery.tracking.links import CONTEXT_CLICKS, CONTEXT_OPENS, TrackedHtml
 
 logger = logging.getLogger(__name__)
-
-TRANSACTIONAL = "transactional"
-BULK = "bulk"
 
 
 def pool_for(priority: str) -> str:
