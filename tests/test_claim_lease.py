@@ -129,6 +129,23 @@ def test_a_claim_another_worker_took_is_abandoned_and_its_late_outcomes_write_no
     assert set(rows.values_list("status", "provider_message_id")) == {("sent", "other-worker-id")}
 
 
+def test_a_claim_the_database_cannot_confirm_is_abandoned_and_left_for_the_sweep() -> None:
+    ids = queued(2)
+    clock = Clock()
+    lease = leased(ids, clock)
+    token = lease.token
+    with connection.cursor() as db:
+        db.execute("SET default_transaction_read_only = on")  # the renewal's UPDATE fails
+        try:
+            clock.now += LEASE / 2
+            assert not lease.allows(ids[0])
+        finally:
+            db.execute("SET default_transaction_read_only = off")
+    assert lease.lost == set(ids)
+    rows = Message.objects.filter(pk__in=ids)
+    assert set(rows.values_list("status", "claimed_at")) == {("sending", token)}
+
+
 class TakenOverMidBatch(Provider):
     """Sends one email at a time; after the second, the worker "stalls" past its lease: the
     sweep gives the batch back and another worker claims it."""

@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from functools import partial
 
-from django.db import DatabaseError
+from django.db import DatabaseError, InterfaceError
 
 from delivery.providers import Guard
 from delivery.services.transitions import ClaimedMessage, renew_claim
@@ -83,7 +83,7 @@ class ClaimLease(Guard):
         if held and self.token is not None:
             try:
                 token, renewed = renew_claim(held, self.token)
-            except DatabaseError as exc:
+            except (DatabaseError, InterfaceError) as exc:  # InterfaceError: a closed connection
                 # The claim cannot be confirmed: send nothing more. What is not recorded stays
                 # `sending` until the sweep gives it back, so it is late, never lost.
                 logger.warning("could not re-confirm the claim on %d message(s): %s", len(held), exc)
