@@ -16,6 +16,10 @@ from rest_framework.test import APIClient
 from delivery import breakers
 from delivery.exceptions import ProviderUnavailable
 from delivery.providers import OutgoingEmail, close_all
+from delivery.providers.locmem import LocmemProvider
+from delivery.providers.sendgrid import SendGridProvider
+from delivery.providers.ses import SESProvider
+from delivery.providers.smtp import SMTPProvider
 from delivery.selectors import provider_health
 from delivery.services.gateway import ProviderSkipped, send_via
 from delivery.testing.smtp_server import SMTPTestServer
@@ -49,6 +53,22 @@ def as_process(settings, relay: SMTPTestServer) -> None:  # noqa: ANN001
     settings.SMTP_PORT = relay.port
     close_all()
     breakers.reset_process_state()
+
+
+def test_each_provider_names_its_endpoint_without_credentials() -> None:
+    assert (
+        SMTPProvider(host="relay.example.com", port=587, password="secret").endpoint
+        == "relay.example.com:587"
+    )
+    assert SMTPProvider(host="::1", port=25).endpoint == "[::1]:25"
+    assert SESProvider(region="eu-west-1").endpoint == "https://email.eu-west-1.amazonaws.com"
+    local = SESProvider(region="us-east-1", endpoint_url="http://127.0.0.1:4566/")
+    assert local.endpoint == "http://127.0.0.1:4566"
+    sendgrid = SendGridProvider(
+        api_key="SG.key", host="https://user:secret@api.example.com:8443/v3/?token=x#f"
+    )
+    assert sendgrid.endpoint == "https://api.example.com:8443/v3"
+    assert LocmemProvider().endpoint == ""
 
 
 def test_a_dead_relay_opens_its_own_circuit_while_the_healthy_relays_successes_leave_it_alone(
