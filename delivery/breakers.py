@@ -1,4 +1,13 @@
-"""One circuit breaker per provider, its state shared by every worker process through Redis.
+"""One circuit breaker per provider endpoint, its state shared by every worker process through Redis.
+
+A circuit is one provider name at one endpoint (`circuit_key`: `smtp@relay.example.com:587`, or
+the name alone for a provider with one endpoint). One name can point at two servers, in two
+processes (the bulk workers' SMTP_HOST another relay than the transactional workers'): keyed by
+the name alone, the healthy relay's successes kept resetting the dead relay's failure count, its
+circuit never opened, and every bulk batch waited out its timeouts (issue 18). Every process
+registers the circuits it sends through (`register_circuit`), so the health page, the API and
+the metrics show each of them (`circuits_seen`), naming its endpoint. The functions below take
+a circuit's key as `name`.
 
 pybreaker's traits, and what we do about each (docs/delivery.md says more):
 - `CircuitBreaker.call()` holds the breaker's lock for the whole provider call. Workers are
@@ -17,10 +26,12 @@ provider is up but rate-limiting us) is neither: it leaves the breaker exactly a
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TypeVar
 
 import pybreaker
@@ -32,6 +43,7 @@ from delivery.exceptions import ProviderThrottled, ProviderUnavailable
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
+# {name}: a circuit key (circuit_key).
 NAMESPACE = "emailhub:breaker:{name}"
 STATS_KEY = "emailhub:provider:{name}"
 # How long one process may hold the half-open probe before another may try.
@@ -64,6 +76,62 @@ _redis: redis_lib.Redis | None = None
 _breakers: dict[str, pybreaker.CircuitBreaker] = {}
 
 
+def circuit_key(provider: str, endpoint: str) -> str:
+    """The circuit of `provider` at `endpoint` (the name alone when it has no endpoint)."""
+    return f"{provider}@{endpoint}" if endpoint else provider
+
+
+# The circuits processes send through: a hash of "<pool> <circuit key>" → JSON {provider,
+# endpoint, pool, seen_at}. A process writes its entry when it first sends through a circuit and
+# then at most once per REGISTER_EVERY_SECONDS (a dictionary look-up per send otherwise);
+# circuits_seen shows those seen within CIRCUIT_SHOWN_SECONDS, so an endpoint no process uses
+# any more (a relay moved) drops off the pages a day later. Rebuilt by the next sends after a
+# Redis flush, like the breakers themselves.
+CIRCUITS_KEY = "emailhub:circuits"
+REGISTER_EVERY_SECONDS = 60.0
+CIRCUIT_SHOWN_SECONDS = 24 * 3600.0
+_registered: dict[tuple[str, str], float] = {}
+
+
+@dataclass(frozen=True)
+class CircuitSeen:
+    key: str
+    provider: str
+    endpoint: str
+    pools: tuple[str, ...]  # the pools that sent through it
+
+
+def register_circuit(provider: str, endpoint: str, pool: str) -> str:
+    """Note that this process sends `pool`'s mail through `provider` at `endpoint`; return the
+    circuit's key."""
+    key = circuit_key(provider, endpoint)
+    now = time.monotonic()
+    last = _registered.get((pool, key))
+    if last is None or now - last >= REGISTER_EVERY_SECONDS:
+        _registered[(pool, key)] = now
+        entry = {"provider": provider, "endpoint": endpoint, "pool": pool, "seen_at": time.time()}
+        try:
+            redis_client().hset(CIRCUITS_KEY, f"{pool} {key}", json.dumps(entry))
+        except redis_lib.RedisError:
+            pass  # the circuit works without it; only the pages miss it until the next try
+    return key
+
+
+def circuits_seen(pools: tuple[str, ...]) -> list[CircuitSeen]:
+    """The circuits sent through in the last CIRCUIT_SHOWN_SECONDS, each with the pools (in the
+    order of `pools`) that used it. Raises RedisError when Redis cannot say."""
+    oldest = time.time() - CIRCUIT_SHOWN_SECONDS
+    used: dict[tuple[str, str], set[str]] = {}
+    for value in redis_client().hvals(CIRCUITS_KEY):
+        entry = json.loads(value)
+        if float(entry["seen_at"]) >= oldest:
+            used.setdefault((entry["provider"], entry["endpoint"]), set()).add(entry["pool"])
+    return [
+        CircuitSeen(circuit_key(provider, endpoint), provider, endpoint, tuple(p for p in pools if p in seen))
+        for (provider, endpoint), seen in sorted(used.items())
+    ]
+
+
 def redis_client() -> redis_lib.Redis:
     """A Redis client for breaker and rate-limit state, with short timeouts: Redis trouble must
     cost a send milliseconds, never seconds."""
@@ -76,9 +144,10 @@ def redis_client() -> redis_lib.Redis:
 
 
 def reset_process_state() -> None:
-    """Forget this process's clients and breakers (after fork, or between tests)."""
+    """Forget this process's clients, breakers and registrations (after fork, or between tests)."""
     global _redis
     _breakers.clear()
+    _registered.clear()
     if _redis is not None:
         _redis.close()
     _redis = None
@@ -96,10 +165,10 @@ return 1
 
 
 class _Recorder(pybreaker.CircuitBreakerListener):
-    """Logs and counts every state change, and remembers the provider's last error."""
+    """Logs and counts every state change, and remembers the circuit's last error."""
 
-    def __init__(self, provider: str) -> None:
-        self.provider = provider
+    def __init__(self, circuit: str) -> None:
+        self.provider = circuit
 
     def state_change(self, cb: pybreaker.CircuitBreaker, old_state: object, new_state: object) -> None:
         old = getattr(old_state, "name", str(old_state))
@@ -258,7 +327,7 @@ def _text(value: bytes | str) -> str:
 
 
 def snapshot(name: str) -> dict[str, object]:
-    """What the health API shows about one provider's breaker."""
+    """What the health API shows about one circuit's breaker (`name`: its key)."""
     breaker = breaker_for(name)
     storage = breaker._state_storage
     stats = {}

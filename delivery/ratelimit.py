@@ -1,4 +1,8 @@
-"""A token bucket per provider in Redis, taken with one Lua call.
+"""A token bucket per provider endpoint (circuit, delivery/breakers.py) in Redis, taken with one Lua call.
+
+The quota is the provider's setting (<PROVIDER>_MAX_SEND_RATE of the process sending): each
+endpoint a provider name points at gets a bucket of that size, since two relays (or two SES
+regions) are two quotas, not one shared.
 
 The bucket refills at the provider's quota (emails per second) up to one second's worth.
 Bulk sends may not take the last `reserved` tokens; critical and high sends may, so a campaign
@@ -92,16 +96,18 @@ class TokenBucket:
         return self.capacity if raw is None else float(raw)
 
 
-def bucket_for(name: str) -> TokenBucket | None:
-    rate = settings.EMAILHUB_RATE_LIMITS.get(name, 0.0)
+def bucket_for(provider: str, circuit: str) -> TokenBucket | None:
+    """The bucket of `circuit` (a circuit key of `provider`), sized from `provider`'s quota."""
+    rate = settings.EMAILHUB_RATE_LIMITS.get(provider, 0.0)
     if not rate:
         return None
-    return TokenBucket(name, rate, reserved_fraction=settings.EMAILHUB_RATE_RESERVED_FRACTION)
+    return TokenBucket(circuit, rate, reserved_fraction=settings.EMAILHUB_RATE_RESERVED_FRACTION)
 
 
 # A provider that told us to slow down (429 + Retry-After, SES throttling, SMTP "try later") is
 # paused: one key whose TTL is the pause, so every worker of every machine sees it and it ends
 # by itself. The TTL is Redis's clock, like the bucket's. A shorter pause never cuts a longer one.
+# `name` is a circuit key: the endpoint that said so is paused, not another one of the provider.
 PAUSE_KEY = "emailhub:provider:{name}:paused"
 _PAUSE = """
 local ms = tonumber(ARGV[1])

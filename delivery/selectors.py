@@ -12,44 +12,65 @@ from django.db import connection
 from django.db.models import QuerySet
 
 from campaigns.selectors import campaign_status_sql, holdout_sql, suppressed_sql
-from delivery.breakers import snapshot
+from delivery.breakers import CircuitSeen, circuit_key, circuits_seen, snapshot
+from delivery.exceptions import ProviderConfigurationError
 from delivery.models import ApiKey, EmailEvent, Message
 from delivery.permissions import can_manage
+from delivery.providers import get_provider
 from delivery.ratelimit import bucket_for
-from delivery.services.sending import BULK, TRANSACTIONAL, provider_chain
+from delivery.services.gateway import BULK, TRANSACTIONAL
+from delivery.services.sending import provider_chain
 from delivery.services.transitions import MARKETING_SQL
 
 
 def provider_health() -> list[dict[str, Any]]:
-    """Every configured provider: the pools using it, its breaker, its send-rate bucket."""
-    pools: dict[str, list[str]] = {}
-    for pool in (TRANSACTIONAL, BULK):
-        for name in provider_chain(pool):
-            pools.setdefault(name, []).append(pool)
+    """Every circuit of every configured provider: the endpoint (one per server the processes
+    send to under that name, as registered by them; this process's own when none has sent yet),
+    the pools that use it, its breaker and its send-rate bucket."""
+    chains = {pool: provider_chain(pool) for pool in (TRANSACTIONAL, BULK)}
+    names = list(dict.fromkeys(name for chain in chains.values() for name in chain))
+    try:
+        seen = circuits_seen((TRANSACTIONAL, BULK))
+    except redis_lib.RedisError:
+        seen = []
     health = []
-    for name, used_by in pools.items():
-        bucket = bucket_for(name)
-        rate: dict[str, Any] | None = None
-        if bucket is not None:
-            try:
-                tokens: float | None = round(bucket.level(), 2)
-            except redis_lib.RedisError:
-                tokens = None
-            rate = {
-                "per_second": bucket.rate,
-                "tokens": tokens,
-                "reserved_for_transactional": bucket.reserved,
-            }
-        health.append(
-            {
-                "name": name,
-                "pools": used_by,
-                "position": {pool: provider_chain(pool).index(name) + 1 for pool in used_by},
-                "circuit": snapshot(name),
-                "rate_limit": rate,
-            }
-        )
+    for name in names:
+        circuits = [c for c in seen if c.provider == name] or [_own_circuit(name, chains)]
+        for circuit in circuits:
+            health.append(
+                {
+                    "name": name,
+                    "endpoint": circuit.endpoint,
+                    "pools": list(circuit.pools),
+                    "position": {
+                        pool: chains[pool].index(name) + 1 for pool in circuit.pools if name in chains[pool]
+                    },
+                    "circuit": snapshot(circuit.key),
+                    "rate_limit": _rate_limit(name, circuit.key),
+                }
+            )
     return health
+
+
+def _own_circuit(name: str, chains: dict[str, list[str]]) -> CircuitSeen:
+    """The circuit this process's settings give `name` (no process has sent through one yet)."""
+    try:
+        endpoint = get_provider(name).endpoint
+    except ProviderConfigurationError:
+        endpoint = ""  # misconfigured here (delivery.E001 names it); the workers may differ
+    pools = tuple(pool for pool, chain in chains.items() if name in chain)
+    return CircuitSeen(circuit_key(name, endpoint), name, endpoint, pools)
+
+
+def _rate_limit(name: str, circuit: str) -> dict[str, Any] | None:
+    bucket = bucket_for(name, circuit)
+    if bucket is None:
+        return None
+    try:
+        tokens: float | None = round(bucket.level(), 2)
+    except redis_lib.RedisError:
+        tokens = None
+    return {"per_second": bucket.rate, "tokens": tokens, "reserved_for_transactional": bucket.reserved}
 
 
 def provider_chains() -> dict[str, list[str]]:

@@ -9,8 +9,9 @@ the state every process shares instead of from any one process's memory:
 - `emailhub_queue_depth{priority,state}`: the queue snapshot of GET /api/v1/schedules
   (scheduling.selectors.queue_snapshot; one scan of delivery_message, see docs/scheduling.md;
   reused for QUEUE_DEPTH_MAX_AGE_SECONDS);
-- `emailhub_circuit_state{provider}`: 0 closed, 1 half-open, 2 open, from the breakers' Redis
-  state (delivery.selectors.provider_health).
+- `emailhub_circuit_state{provider,endpoint}`: 0 closed, 1 half-open, 2 open, from the breakers'
+  Redis state, one series per circuit (delivery.selectors.provider_health; endpoint "" for a
+  provider with one endpoint).
 
 A source that fails (the database down) is left out and `emailhub_scrape_source_up{source}` says
 so: the scrape itself still answers 200 with everything else.
@@ -91,12 +92,12 @@ class SharedStateCollector(Collector):
         else:
             circuit = GaugeMetricFamily(
                 "emailhub_circuit_state",
-                "Provider circuit breaker: 0 closed, 1 half-open, 2 open",
-                labels=["provider"],
+                "Provider circuit breaker, per provider endpoint: 0 closed, 1 half-open, 2 open",
+                labels=["provider", "endpoint"],
             )
             for provider in health:
                 state = str(provider["circuit"]["state"])
-                circuit.add_metric([provider["name"]], CIRCUIT_STATES.get(state, 2))
+                circuit.add_metric([provider["name"], provider["endpoint"]], CIRCUIT_STATES.get(state, 2))
             up.add_metric(["circuits"], 1)
             yield circuit
         yield up

@@ -13,6 +13,7 @@ from rest_framework.test import APIClient
 
 from delivery.authentication import create_api_key
 from delivery.models import ApiKey, Message
+from delivery.providers import Guard
 from delivery.testing.sendgrid_server import SendGridTestServer
 from delivery.testing.ses_server import SESTestServer
 from delivery.testing.smtp_server import SMTPTestServer, free_port
@@ -115,6 +116,38 @@ def stack(
 @pytest.fixture
 def web_port() -> int:
     return free_port()
+
+
+def children(pid: int) -> list[int]:
+    """The pids whose parent is `pid` (a Celery worker's prefork children, gunicorn's workers)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+class CountedGuard(Guard):
+    """Allows message `id` `allowed[id]` times and then never again (ids not named: always): a
+    claim lost at a chosen step of a provider's send. `asked` lists every question, in order."""
+
+    def __init__(self, allowed: dict[int, int]) -> None:
+        self.left = dict(allowed)
+        self.asked: list[int] = []
+
+    def allows(self, message_id: int) -> bool:
+        self.asked.append(message_id)
+        if message_id not in self.left:
+            return True
+        if self.left[message_id] <= 0:
+            return False
+        self.left[message_id] -= 1
+        return True
 
 
 def wait_until(condition: Callable[[], bool], timeout: float = 20.0, message: str = "condition") -> None:

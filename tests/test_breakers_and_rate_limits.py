@@ -97,7 +97,7 @@ class CountingProvider(Provider):
     def __init__(self) -> None:
         self.sent: list[int] = []
 
-    def send_batch(self, emails):  # noqa: ANN001, ANN201
+    def send_batch(self, emails, guard):  # noqa: ANN001, ANN201
         self.sent.extend(e.message_id for e in emails)
         return [SendResult.accepted(str(e.message_id)) for e in emails]
 

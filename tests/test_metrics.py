@@ -34,7 +34,7 @@ from delivery.services.sweeps import requeue_stale_sending
 from delivery.testing.smtp_server import SMTPTestServer, free_port
 from emailhub.env import env_networks
 from scripts.stack import Stack
-from tests.conftest import wait_until
+from tests.conftest import children, wait_until
 
 # --- access ---------------------------------------------------------------------------------
 
@@ -202,19 +202,6 @@ def scrape(port: int) -> dict[str, list[tuple[dict[str, str], float]]]:
 
 def total(samples: dict[str, list[tuple[dict[str, str], float]]], name: str, **labels: str) -> float:
     return sum(v for lab, v in samples.get(name, []) if all(lab.get(k) == x for k, x in labels.items()))
-
-
-def children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry.name))
-    return found
 
 
 def counted_by(metrics_dir: Path, pids: list[int]) -> list[int]:

@@ -21,6 +21,7 @@ from delivery.models import Message, MessageStatus
 from delivery.providers import close_all
 from delivery.providers.base import parse_retry_after
 from delivery.ratelimit import pause_remaining
+from delivery.services.gateway import circuit_of
 from delivery.services.sending import send_messages
 from delivery.testing.sendgrid_server import SendGridTestServer
 from delivery.testing.ses_server import SESTestServer
@@ -78,7 +79,7 @@ def test_sendgrid_429_pauses_it_for_retry_after_for_every_worker_without_touchin
     sendgrid_server.fail_with(503)
     for n in range(2):
         assert send_messages([queued(f"down{n}@example.com").pk]).sent == 1  # via smtp
-    assert breakers.snapshot("sendgrid")["fail_counter"] == 2
+    assert breakers.snapshot(circuit_of("sendgrid"))["fail_counter"] == 2
 
     sendgrid_server.fail_with(429, retry_after="45")
     first = queued("first@example.com")
@@ -86,8 +87,8 @@ def test_sendgrid_429_pauses_it_for_retry_after_for_every_worker_without_touchin
     first.refresh_from_db()
     assert first.provider == "smtp"
     assert sendgrid_server.refused_count == 3  # 2 × 503, 1 × 429
-    assert 40 < pause_remaining("sendgrid") <= 45
-    circuit = breakers.snapshot("sendgrid")
+    assert 40 < pause_remaining(circuit_of("sendgrid")) <= 45
+    circuit = breakers.snapshot(circuit_of("sendgrid"))
     assert (circuit["state"], circuit["fail_counter"], circuit["failures_total"]) == ("closed", 2, 2)
 
     # Another worker process (no in-process state) sees the pause in Redis and skips SendGrid.
@@ -143,8 +144,8 @@ def test_ses_throttling_pauses_it_for_the_default_time(
     assert send_messages(ids[:1]).sent == 1
     assert send_messages(ids[1:]).sent == 2
     assert ses_server.refused_count == 1
-    assert 15 < pause_remaining("ses") <= 20
-    assert breakers.snapshot("ses")["failures_total"] == 0
+    assert 15 < pause_remaining(circuit_of("ses")) <= 20
+    assert breakers.snapshot(circuit_of("ses"))["failures_total"] == 0
     assert smtp.count == 3
 
 
@@ -172,8 +173,8 @@ def test_smtp_rate_limit_reply_pauses_smtp_and_the_batch_fails_over(
         "third@example.com": "sendgrid",
     }
     assert [m.rcpt_tos for m in smtp.messages] == [["first@example.com"]]
-    assert pause_remaining("smtp") > 0
-    assert breakers.snapshot("smtp")["failures_total"] == 0
+    assert pause_remaining(circuit_of("smtp")) > 0
+    assert breakers.snapshot(circuit_of("smtp"))["failures_total"] == 0
 
 
 def test_a_busy_mailbox_is_not_a_rate_limit(settings, providers: None, smtp: SMTPTestServer) -> None:  # noqa: ANN001
@@ -183,7 +184,7 @@ def test_a_busy_mailbox_is_not_a_rate_limit(settings, providers: None, smtp: SMT
     send_messages([busy.pk, fine.pk])
     busy.refresh_from_db()
     assert busy.status == "retry_wait" and busy.attempts == 1  # a real attempt, spent
-    assert pause_remaining("smtp") == 0
+    assert pause_remaining(circuit_of("smtp")) == 0
     assert [m.rcpt_tos for m in smtp.messages] == [["fine@example.com"]]
 
 
@@ -201,7 +202,7 @@ def test_an_absurd_retry_after_is_capped(
     chain(settings, "sendgrid")
     sendgrid_server.fail_with(429, retry_after="86400")
     send_messages([queued().pk])
-    assert 110 < pause_remaining("sendgrid") <= 120
+    assert 110 < pause_remaining(circuit_of("sendgrid")) <= 120
 
 
 # --- item 6: an outage spends no attempts -------------------------------------------------------
@@ -219,7 +220,7 @@ def test_a_message_finding_every_circuit_open_keeps_its_attempt_and_waits_for_th
     first = queued("first@example.com")
     send_messages([first.pk])  # tried: fails and opens the circuit
     first.refresh_from_db()
-    assert first.attempts == 1 and breakers.snapshot("smtp")["state"] == "open"
+    assert first.attempts == 1 and breakers.snapshot(circuit_of("smtp"))["state"] == "open"
 
     second = queued("second@example.com")
     before = timezone.now()
@@ -255,12 +256,12 @@ def test_after_the_circuit_lets_a_probe_through_the_deferred_message_is_sent(
 
     settings.SMTP_PORT = real_port  # SMTP is back
     close_all()
-    wait_until(lambda: breakers.seconds_until_probe("smtp") == 0, 5, "the probe to be due")
+    wait_until(lambda: breakers.seconds_until_probe(circuit_of("smtp")) == 0, 5, "the probe to be due")
     requeue(message)
     assert send_messages([message.pk]).sent == 1
     message.refresh_from_db()
     assert message.status == "sent" and message.attempts == 2
-    assert breakers.snapshot("smtp")["state"] == "closed"
+    assert breakers.snapshot(circuit_of("smtp"))["state"] == "closed"
     assert [m.rcpt_tos for m in smtp.messages] == [["ann@example.com"]]
 
 
@@ -295,12 +296,12 @@ def test_an_outage_on_real_processes_spends_one_attempt_per_probe_and_then_sends
         for n in range(5)
     ]
     # Let the outage last through several probe windows (each failed probe re-opens the circuit).
-    wait_until(lambda: int(breakers.snapshot("smtp")["times_opened"]) >= 4, 60, "four openings")
+    wait_until(lambda: int(breakers.snapshot(circuit_of("smtp"))["times_opened"]) >= 4, 60, "four openings")
     assert not Message.objects.filter(pk__in=ids, status__in=["sent", "failed"]).exists()
     # Every attempt spent was a real call to SMTP: the one that opened the circuit and one per
     # probe, each of which re-opened it. With the old code every retry cycle (every 0.5 s here)
     # spent one per message.
-    opened = int(breakers.snapshot("smtp")["times_opened"])
+    opened = int(breakers.snapshot(circuit_of("smtp"))["times_opened"])
     spent = sum(Message.objects.filter(pk__in=ids).values_list("attempts", flat=True))
     assert spent <= opened + 1  # +1: a probe in flight while we read
     assert all("smtp: smtp" not in (m.last_error or "") for m in Message.objects.filter(pk__in=ids))

@@ -170,7 +170,7 @@ def test_a_template_that_no_longer_compiles_fails_its_messages_without_stranding
 class BuggyProvider(Provider):
     name = "buggy"
 
-    def send_batch(self, emails):  # noqa: ANN001, ANN201
+    def send_batch(self, emails, guard):  # noqa: ANN001, ANN201
         raise KeyError("a bug")
 
 

@@ -13,6 +13,7 @@ from delivery.providers.ses import SESProvider
 from delivery.testing.sendgrid_server import SendGridTestServer
 from delivery.testing.ses_server import SESTestServer
 from delivery.testing.smtp_server import free_port
+from tests.conftest import CountedGuard
 
 
 def email(
@@ -158,3 +159,23 @@ def test_sendgrid_wrong_key_names_the_setting(sendgrid_server: SendGridTestServe
 def test_sendgrid_without_a_key_is_a_configuration_error() -> None:
     with pytest.raises(ProviderConfigurationError, match="SENDGRID_API_KEY"):
         SendGridProvider(api_key="", host="http://127.0.0.1:1")
+
+
+def test_ses_sends_no_email_whose_claim_was_lost(ses: SESTestServer) -> None:
+    results = ses_provider(ses).send_batch([email(1), email(2), email(3)], CountedGuard({2: 0}))
+    assert [r.outcome for r in results] == [Outcome.ACCEPTED, Outcome.ABANDONED, Outcome.ACCEPTED]
+    assert sorted(to for tos, _ in ses.sent() for to in tos) == ["user1@example.com", "user3@example.com"]
+
+
+def test_sendgrid_requests_carry_only_the_emails_still_held(sendgrid_server: SendGridTestServer) -> None:
+    sendgrid_server.reject("bad@example.com")
+    # 3 is lost before the first request; 4 after it, before the request resent without "bad".
+    guard = CountedGuard({3: 0, 4: 1})
+    batch = [email(1), email(2, "bad@example.com"), email(3), email(4), email(5)]
+    results = sendgrid_provider(sendgrid_server).send_batch(batch, guard)
+    assert [r.outcome for r in results] == [
+        Outcome.ACCEPTED, Outcome.PERMANENT, Outcome.ABANDONED, Outcome.ABANDONED, Outcome.ACCEPTED,
+    ]  # fmt: skip
+    # The refused request (1, bad, 4, 5) is not kept by the server; the one it took:
+    assert [len(r["personalizations"]) for r in sendgrid_server.requests] == [2]
+    assert sorted(d.to for d in sendgrid_server.delivered) == ["user1@example.com", "user5@example.com"]

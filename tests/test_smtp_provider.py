@@ -8,6 +8,7 @@ from delivery.exceptions import ProviderThrottled, ProviderUnavailable
 from delivery.providers.base import Outcome, OutgoingEmail
 from delivery.providers.smtp import SMTPProvider
 from delivery.testing.smtp_server import SMTPTestServer, free_port
+from tests.conftest import CountedGuard
 
 
 def email(n: int, to: str | None = None) -> OutgoingEmail:
@@ -313,3 +314,37 @@ def test_slow_down_on_one_connection_reports_exactly_what_the_server_took(smtp: 
     assert sorted(int(m.rcpt_tos[0][4:].split("@")[0]) for m in smtp.messages) == sorted(partial)
     assert 10 < len(partial) < 30
     smtp_provider.close()
+
+
+def test_a_lost_claim_stops_a_pipelined_lane_before_the_next_message(smtp: SMTPTestServer) -> None:
+    guard = CountedGuard({n: 0 for n in range(4, 8)})  # the claim is lost after message 3
+    smtp_provider = provider(smtp)
+    results = smtp_provider.send_batch([email(n) for n in range(1, 8)], guard)
+    assert [r.outcome for r in results] == [Outcome.ACCEPTED] * 3 + [Outcome.ABANDONED] * 4
+    assert sorted(m.rcpt_tos[0] for m in smtp.wait_for(3)) == [f"user{n}@example.com" for n in (1, 2, 3)]
+    assert [r.outcome for r in smtp_provider.send_batch([email(8)])] == [Outcome.ACCEPTED]
+    assert smtp.wait_for(4) and smtp.count == 4
+    smtp_provider.close()
+
+
+def test_a_claim_lost_between_data_and_the_content_leaves_that_message_unsent(smtp: SMTPTestServer) -> None:
+    # Message 2 is allowed when the batch starts and when its MAIL FROM goes, no longer when its
+    # content would: the worker stalled while it waited for the 354. Its content is never
+    # written: the connection is closed mid-transaction, and message 3, still held, goes over a
+    # new one.
+    guard = CountedGuard({2: 2})
+    smtp_provider = provider(smtp)
+    results = smtp_provider.send_batch([email(1), email(2), email(3)], guard)
+    assert [r.outcome for r in results] == [Outcome.ACCEPTED, Outcome.ABANDONED, Outcome.ACCEPTED]
+    assert guard.asked.count(2) == 3
+    received = smtp.wait_for(2)
+    assert sorted(m.rcpt_tos[0] for m in received) == ["user1@example.com", "user3@example.com"]
+    assert len({m.peer for m in received}) == 2
+    smtp_provider.close()
+
+
+def test_a_lost_claim_stops_one_by_one_sending_before_the_next_message() -> None:
+    with SMTPTestServer(pipelining=False) as server:
+        results = provider(server).send_batch([email(1), email(2), email(3)], CountedGuard({2: 0, 3: 0}))
+        assert [r.outcome for r in results] == [Outcome.ACCEPTED, Outcome.ABANDONED, Outcome.ABANDONED]
+        assert [m.rcpt_tos[0] for m in server.wait_for(1)] == ["user1@example.com"]

@@ -8,7 +8,7 @@ from rest_framework import serializers
 
 
 class CircuitSerializer(serializers.Serializer):
-    """delivery.breakers.snapshot: a provider's circuit breaker, shared by every worker."""
+    """delivery.breakers.snapshot: the circuit breaker of a provider endpoint, shared by every worker."""
 
     state = serializers.ChoiceField(choices=["closed", "open", "half-open"])
     fail_counter = serializers.IntegerField()
@@ -29,11 +29,25 @@ class RateLimitSerializer(serializers.Serializer):
 
 
 class ProviderSerializer(serializers.Serializer):
+    """One circuit: a provider at one endpoint (a provider name whose processes point at two
+    servers has two entries)."""
+
     name = serializers.CharField()
-    pools = serializers.ListField(child=serializers.ChoiceField(choices=["transactional", "bulk"]))
+    endpoint = serializers.CharField(
+        allow_blank=True,
+        help_text="the server this circuit sends to, without credentials (SMTP host:port, the SES or "
+        "SendGrid API URL); empty for a provider with one endpoint",
+    )
+    pools = serializers.ListField(
+        child=serializers.ChoiceField(choices=["transactional", "bulk"]),
+        help_text="the pools whose workers sent through this circuit in the last day (before any "
+        "did: the pools whose chain names the provider)",
+    )
     position = serializers.DictField(child=serializers.IntegerField(), help_text="1-based, by pool")
     circuit = CircuitSerializer()
-    rate_limit = RateLimitSerializer(allow_null=True, help_text="null when the provider has no quota set")
+    rate_limit = RateLimitSerializer(
+        allow_null=True, help_text="this endpoint's bucket; null when the provider has no quota set"
+    )
 
 
 class ChainsSerializer(serializers.Serializer):
@@ -43,7 +57,9 @@ class ChainsSerializer(serializers.Serializer):
 
 class ProviderHealthSerializer(serializers.Serializer):
     chains = ChainsSerializer(help_text="each pool's providers in failover order")
-    providers = ProviderSerializer(many=True)
+    providers = ProviderSerializer(
+        many=True, help_text="one entry per circuit: each provider at each endpoint"
+    )
 
 
 class WebhookResultSerializer(serializers.Serializer):

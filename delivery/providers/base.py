@@ -8,6 +8,12 @@ provider accepted it (with the provider's message id), failed transiently (retry
 elsewhere) or failed permanently (the address is bad: do not retry, suppress). A failure of the
 provider as a whole raises ProviderUnavailable instead, which is what circuit breakers count;
 a provider that rate-limits us raises ProviderThrottled, which pauses it and is not counted.
+
+Before it hands an email to the wire, a provider asks the batch's `Guard` whether it may still
+send it (the send path's guard is the worker's claim on the batch, delivery/services/lease.py):
+the base class asks before every request, and a provider that writes one request in several
+steps (SMTP's pipelined groups, SendGrid's resend after a 400) asks before each of them. An
+email it may not send gets an ABANDONED result and nothing reaches the provider for it.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import ClassVar, Self
+from urllib.parse import urlsplit
 
 from delivery.exceptions import ProviderThrottled, ProviderUnavailable, UnsupportedFeature
 
@@ -26,6 +33,9 @@ class Outcome(enum.Enum):
     ACCEPTED = "accepted"
     TRANSIENT = "transient"
     PERMANENT = "permanent"
+    # Not sent: the guard said no (this worker's claim on the message ran out and another
+    # worker may own it now). The send path records nothing for it.
+    ABANDONED = "abandoned"
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,10 +83,36 @@ class SendResult:
         return cls(Outcome.PERMANENT, error=f"message cannot be built: {error}", suppress=False)
 
     @classmethod
+    def abandoned(cls) -> SendResult:
+        return cls(Outcome.ABANDONED, error="not sent: this worker no longer holds the message")
+
+    @classmethod
     def unsupported(cls, error: str) -> SendResult:
         # The message, not the address, is at fault; put a provider that can honour it earlier
         # in the chain.
         return cls(Outcome.PERMANENT, error=f"not supported by this provider: {error}", suppress=False)
+
+
+class Guard:
+    """Asked just before an email is handed to the provider: may this worker still send it?
+
+    This one always says yes (a provider used outside the send path). The send path's guard is
+    its claim on the batch (delivery.services.lease.ClaimLease), which says no once the claim
+    is lost. `allows` runs before every message, so it must be cheap: a clock reading and a
+    comparison, a database round trip only when the claim needs confirming.
+    """
+
+    def allows(self, message_id: int) -> bool:
+        return True
+
+
+UNGUARDED = Guard()
+
+
+def nothing_sent(results: dict[int, SendResult]) -> bool:
+    """True when none of `results` reached the provider (there are none, or all were abandoned):
+    a provider failing now failed before it accepted anything."""
+    return all(result.outcome is Outcome.ABANDONED for result in results.values())
 
 
 class Provider:
@@ -88,11 +124,19 @@ class Provider:
     1. ``check(email)``, per email: raise UnsupportedFeature for anything this provider cannot
        honour. That email fails (not suppressed); the others go on. Nothing is dropped silently.
     2. ``split(emails)``: the requests the batch becomes, one email each by default.
-    3. ``send_request(request)``: build the request, send it, read the answer: one SendResult
-       per email, by our message id. By default, ``send_one`` of the request's one email.
+    3. ``send_request(request, guard)``: build the request, send it, read the answer: one
+       SendResult per email, by our message id. By default, ``send_one`` of the request's one
+       email. The base class has asked ``guard`` about every email of the request just before;
+       a provider that puts the request on the wire in several steps asks again before each.
     """
 
     name: ClassVar[str] = ""
+    # Which server this instance sends to, without credentials ("relay.example.com:587", an API
+    # URL): one provider name may point at different servers in different processes (the bulk
+    # pool's SMTP_HOST another relay than the transactional pool's), and each server gets its own
+    # circuit, send-rate bucket and pause (delivery/services/gateway.py). Empty: the provider has
+    # one endpoint, and its name alone names its circuit.
+    endpoint: str = ""
 
     @classmethod
     def from_settings(cls) -> Self:
@@ -100,8 +144,9 @@ class Provider:
         Raises ProviderConfigurationError naming the setting when one is missing or wrong."""
         return cls()
 
-    def send_batch(self, emails: Sequence[OutgoingEmail]) -> list[SendResult]:
-        """Send every email; return one SendResult per email, in order.
+    def send_batch(self, emails: Sequence[OutgoingEmail], guard: Guard = UNGUARDED) -> list[SendResult]:
+        """Send every email `guard` allows; return one SendResult per email, in order (ABANDONED
+        for those it did not allow).
 
         Raises ProviderUnavailable when the provider is down before anything was accepted, so
         the whole batch can move to the next provider (and the breaker counts one failure).
@@ -118,17 +163,25 @@ class Provider:
             else:
                 sendable.append(email)
         for request in self.split(sendable):
+            held = [email for email in request if guard.allows(email.message_id)]
+            if len(held) < len(request):
+                kept = {email.message_id for email in held}
+                results.update(
+                    (e.message_id, SendResult.abandoned()) for e in request if e.message_id not in kept
+                )
+            if not held:
+                continue
             try:
-                results.update(self.send_request(request))
+                results.update(self.send_request(held, guard))
             except ValueError as exc:  # raised by delivery.providers.mime for what it cannot encode
-                results.update((email.message_id, SendResult.unbuildable(str(exc))) for email in request)
+                results.update((email.message_id, SendResult.unbuildable(str(exc))) for email in held)
             except ProviderThrottled as exc:
                 # Rate limited part-way: what was accepted stays accepted; the gateway pauses
                 # the provider and reports the rest as not tried.
                 exc.partial = {**results, **exc.partial}  # a request's own part-way results too
                 raise
             except ProviderUnavailable as exc:
-                if not results:
+                if nothing_sent(results):
                     raise
                 error = SendResult.transient(f"{self.name} became unavailable: {exc}")
                 for email in emails:
@@ -143,11 +196,13 @@ class Provider:
         """Step 2: the provider requests that carry `emails`; one email per request by default."""
         return [[email] for email in emails]
 
-    def send_request(self, request: list[OutgoingEmail]) -> dict[int, SendResult]:
+    def send_request(self, request: list[OutgoingEmail], guard: Guard) -> dict[int, SendResult]:
         """Step 3: send one request; a SendResult per email, keyed by our message id.
 
-        Raises ProviderUnavailable or ProviderThrottled for a provider-wide refusal, ValueError
-        for a message that cannot be encoded."""
+        Every email of `request` was allowed by `guard` just now; ask it again before any later
+        write that hands an email over (ABANDONED for those it no longer allows). Raises
+        ProviderUnavailable or ProviderThrottled for a provider-wide refusal, ValueError for a
+        message that cannot be encoded."""
         return {email.message_id: self.send_one(email) for email in request}
 
     def send_one(self, email: OutgoingEmail) -> SendResult:
@@ -155,6 +210,17 @@ class Provider:
 
     def close(self) -> None:  # noqa: B027 - optional hook; most providers hold nothing open
         """Release connections. Called when a worker process shuts down."""
+
+
+def url_endpoint(url: str) -> str:
+    """An API URL as an endpoint: scheme, host, port and path, without user, password, query or
+    fragment (which may carry credentials)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{host}{port}{parts.path.rstrip('/')}" if parts.scheme else url
 
 
 def parse_retry_after(value: str | None) -> float | None:

@@ -6,7 +6,7 @@ import threading
 import uuid
 from collections.abc import Sequence
 
-from delivery.providers.base import OutgoingEmail, Provider, SendResult
+from delivery.providers.base import UNGUARDED, Guard, OutgoingEmail, Provider, SendResult
 
 outbox: list[OutgoingEmail] = []
 _lock = threading.Lock()
@@ -15,7 +15,11 @@ _lock = threading.Lock()
 class LocmemProvider(Provider):
     name = "locmem"
 
-    def send_batch(self, emails: Sequence[OutgoingEmail]) -> list[SendResult]:
+    def send_batch(self, emails: Sequence[OutgoingEmail], guard: Guard = UNGUARDED) -> list[SendResult]:
+        allowed = [guard.allows(email.message_id) for email in emails]
         with _lock:
-            outbox.extend(emails)
-        return [SendResult.accepted(f"locmem-{uuid.uuid4().hex}") for _ in emails]
+            outbox.extend(email for email, ok in zip(emails, allowed, strict=True) if ok)
+        return [
+            SendResult.accepted(f"locmem-{uuid.uuid4().hex}") if ok else SendResult.abandoned()
+            for ok in allowed
+        ]

@@ -28,7 +28,14 @@ from delivery.exceptions import (
     ProviderUnavailable,
     UnsupportedFeature,
 )
-from delivery.providers.base import OutgoingEmail, Provider, SendResult, parse_retry_after
+from delivery.providers.base import (
+    Guard,
+    OutgoingEmail,
+    Provider,
+    SendResult,
+    parse_retry_after,
+    url_endpoint,
+)
 from delivery.providers.mime import message_id_for
 
 MAX_PERSONALIZATIONS = 1000
@@ -74,6 +81,7 @@ class SendGridProvider(Provider):
         if not api_key:
             raise ProviderConfigurationError("SENDGRID_API_KEY is empty; set it to use the sendgrid provider")
         self.api = sendgrid.SendGridAPIClient(api_key=api_key, host=host)
+        self.endpoint = url_endpoint(host)
         # python_http_client passes this timeout to urllib for every request it builds.
         self.api.client.timeout = timeout
 
@@ -145,17 +153,17 @@ class SendGridProvider(Provider):
             body["reply_to"] = _address(first.reply_to)
         return body
 
-    def send_request(self, group: list[OutgoingEmail]) -> dict[int, SendResult]:
+    def send_request(self, group: list[OutgoingEmail], guard: Guard) -> dict[int, SendResult]:
         try:
             response = self.api.client.mail.send.post(request_body=self.payload(group))
         except HTTPError as exc:
-            return self._classify(exc, group)
+            return self._classify(exc, group, guard)
         except (URLError, OSError) as exc:  # refused, reset, timed out
             raise ProviderUnavailable(f"SendGrid unreachable: {exc}", provider=self.name) from exc
         message_id = response.headers.get("X-Message-Id")
         return {email.message_id: SendResult.accepted(message_id) for email in group}
 
-    def _classify(self, exc: HTTPError, group: list[OutgoingEmail]) -> dict[int, SendResult]:
+    def _classify(self, exc: HTTPError, group: list[OutgoingEmail], guard: Guard) -> dict[int, SendResult]:
         status = int(getattr(exc, "status_code", 0) or 0)
         body = exc.body.decode("utf-8", "replace") if isinstance(exc.body, bytes) else str(exc.body)
         detail = f"SendGrid {status}: {body[:500]}"
@@ -176,11 +184,18 @@ class SendGridProvider(Provider):
             bad = _rejected_personalizations(body)
             if bad:
                 # The whole request was refused because of these recipients: fail them for good
-                # and send the others again without them.
+                # and send the others again without them (those the guard still allows).
                 results = {group[i].message_id: SendResult.permanent(detail) for i in bad if i < len(group)}
-                rest = [e for i, e in enumerate(group) if i not in bad]
+                rest = []
+                for i, email in enumerate(group):
+                    if i in bad:
+                        continue
+                    if guard.allows(email.message_id):
+                        rest.append(email)
+                    else:
+                        results[email.message_id] = SendResult.abandoned()
                 if rest:
-                    results.update(self.send_request(rest))
+                    results.update(self.send_request(rest, guard))
                 return results
         # A refusal we cannot pin on a recipient: not the recipients' fault, so no suppression.
         return {email.message_id: SendResult.transient(detail) for email in group}

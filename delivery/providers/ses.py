@@ -14,7 +14,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from django.conf import settings
 
 from delivery.exceptions import ProviderThrottled, ProviderUnavailable
-from delivery.providers.base import OutgoingEmail, Provider, SendResult
+from delivery.providers.base import OutgoingEmail, Provider, SendResult, url_endpoint
 from delivery.providers.mime import ascii_address, bare_address, render
 
 # SES error codes (https://docs.aws.amazon.com/ses/latest/APIReference-V2/API_SendEmail.html).
@@ -56,6 +56,8 @@ class SESProvider(Provider):
                 max_pool_connections=4,
             ),
         )
+        # The region's endpoint (its name is in the URL) or SES_ENDPOINT_URL, as boto3 resolved it.
+        self.endpoint = url_endpoint(self.client.meta.endpoint_url)
 
     @classmethod
     def from_settings(cls) -> SESProvider:

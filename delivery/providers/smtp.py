@@ -13,6 +13,11 @@ outcomes, suppression, 421, throttling and reconnecting are the same as one by o
 (`_pipeline`). A batch is also spread over up to SMTP_CONNECTIONS connections (one per
 MESSAGES_PER_CONNECTION messages), driven in turn so that their round trips overlap
 (`_send_pipelined`). Without the extension, messages go one by one through smtplib (`send_one`).
+
+The batch's guard (base.Guard) is asked before each write: before a message's MAIL FROM is
+written (or, one by one, before `sendmail`), and again before its content, which is what hands
+it over; a message it no longer allows gets ABANDONED, and one whose content it no longer
+allows is cut off by closing the connection (`_pipeline`).
 """
 
 from __future__ import annotations
@@ -21,14 +26,14 @@ import logging
 import re
 import smtplib
 import socket
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
 
 from delivery.exceptions import ProviderThrottled, ProviderUnavailable
-from delivery.providers.base import Outcome, OutgoingEmail, Provider, SendResult
+from delivery.providers.base import Guard, Outcome, OutgoingEmail, Provider, SendResult, nothing_sent
 from delivery.providers.dkim import DkimSigner
 from delivery.providers.mime import ascii_address, bare_address, render
 
@@ -92,6 +97,7 @@ class SMTPProvider(Provider):
     ) -> None:
         self.host = host
         self.port = port
+        self.endpoint = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         self.username = username
         self.password = password
         self.starttls = starttls
@@ -149,7 +155,7 @@ class SMTPProvider(Provider):
         # One request for the whole batch: pipelined over the one connection (see send_request).
         return [list(emails)] if emails else []
 
-    def send_request(self, request: list[OutgoingEmail]) -> dict[int, SendResult]:
+    def send_request(self, request: list[OutgoingEmail], guard: Guard) -> dict[int, SendResult]:
         connection = self._connect()
         try:
             connection.ehlo_or_helo_if_needed()
@@ -157,13 +163,16 @@ class SMTPProvider(Provider):
             self._drop()
             raise ProviderUnavailable(f"SMTP EHLO failed: {exc}", provider=self.name) from exc
         if connection.has_extn("pipelining"):
-            return self._send_pipelined(request)
-        return self._one_by_one(request)
+            return self._send_pipelined(request, guard)
+        return self._one_by_one(request, guard)
 
-    def _one_by_one(self, emails: list[OutgoingEmail]) -> dict[int, SendResult]:
+    def _one_by_one(self, emails: list[OutgoingEmail], guard: Guard) -> dict[int, SendResult]:
         """send_one per email, with the base class's rules for a batch that goes wrong part-way."""
         results: dict[int, SendResult] = {}
         for email in emails:
+            if not guard.allows(email.message_id):
+                results[email.message_id] = SendResult.abandoned()
+                continue
             try:
                 results[email.message_id] = self.send_one(email)
             except ValueError as exc:  # raised by delivery.providers.mime for what it cannot encode
@@ -172,7 +181,7 @@ class SMTPProvider(Provider):
                 exc.partial = dict(results)
                 raise
             except ProviderUnavailable as exc:
-                if not results:
+                if nothing_sent(results):
                     raise
                 return self._rest_unavailable(emails, results, exc)
         return results
@@ -198,7 +207,7 @@ class SMTPProvider(Provider):
         commands = f"MAIL FROM:<{sender}>\r\nRCPT TO:<{recipient}>\r\nDATA\r\n".encode("ascii")
         return _Prepared(email.message_id, message_id.strip("<>"), commands, content + b".\r\n")
 
-    def _send_pipelined(self, emails: list[OutgoingEmail]) -> dict[int, SendResult]:
+    def _send_pipelined(self, emails: list[OutgoingEmail], guard: Guard) -> dict[int, SendResult]:
         """The batch over up to `connections` connections, pipelined on each, driven in turn: each
         writes its next group before any waits for its replies, so their round trips overlap."""
         results: dict[int, SendResult] = {}
@@ -210,7 +219,7 @@ class SMTPProvider(Provider):
                 results[email.message_id] = SendResult.unbuildable(str(exc))
         lanes = self._lanes(len(prepared))
         stop = _Stop()
-        runs = [lane._lane(prepared[i :: len(lanes)], results, stop) for i, lane in enumerate(lanes)]
+        runs = [lane._lane(prepared[i :: len(lanes)], results, stop, guard) for i, lane in enumerate(lanes)]
         failures: list[ProviderThrottled | ProviderUnavailable] = []
         while runs:
             for run in list(runs):
@@ -230,7 +239,7 @@ class SMTPProvider(Provider):
                 raise failure
         unavailable = [f for f in failures if isinstance(f, ProviderUnavailable)]
         if unavailable:
-            if not results:
+            if nothing_sent(results):
                 raise unavailable[0]
             return self._rest_unavailable(emails, results, unavailable[0])
         return results
@@ -251,12 +260,14 @@ class SMTPProvider(Provider):
             )  # fmt: skip
         return [self, *self._extra[: wanted - 1]]
 
-    def _lane(self, pending: list[_Prepared], results: dict[int, SendResult], stop: _Stop) -> Iterator[None]:
+    def _lane(
+        self, pending: list[_Prepared], results: dict[int, SendResult], stop: _Stop, guard: Guard
+    ) -> Iterator[None]:
         """This connection's share of a batch; yields after each write (see _pipeline)."""
         reconnected: set[int] = set()
         while True:
             try:
-                yield from self._pipeline(pending, results, stop)
+                yield from self._pipeline(pending, results, stop, guard)
                 return
             except _Lost as lost:
                 # In flight when the connection went: the first message not finished. It gets
@@ -273,7 +284,7 @@ class SMTPProvider(Provider):
                 raise
 
     def _pipeline(
-        self, pending: list[_Prepared], results: dict[int, SendResult], stop: _Stop
+        self, pending: list[_Prepared], results: dict[int, SendResult], stop: _Stop, guard: Guard
     ) -> Iterator[None]:
         """Send `pending` pipelined over this lane's connection, recording each outcome in
         `results` as its last reply arrives; yields after each write, before reading its
@@ -287,7 +298,21 @@ class SMTPProvider(Provider):
         previous_failure: SendResult | None = None  # refused before its content was even sent
         queue = iter(pending)
         while True:
-            current = None if stop.requested else next(queue, None)
+            current = None if stop.requested else _next_held(queue, results, guard)
+            if previous is not None and not guard.allows(previous.id):
+                # Lost between its DATA and its content (the worker stalled waiting for the 354,
+                # say): the content would hand over a message this worker no longer holds. The
+                # transaction is left unfinished instead: a server takes a message at its final
+                # dot (RFC 5321 §4.1.1.4), so closing the connection before it drops the message;
+                # whatever is still held goes over a new connection.
+                results[previous.id] = SendResult.abandoned()
+                self._drop()
+                if not stop.requested:
+                    unsent = [] if current is None else [current]
+                    rest = _held([*unsent, *queue], results, guard)
+                    if rest:
+                        yield from self._pipeline(rest, results, stop, guard)
+                return
             if previous is None and current is None:
                 return
             out = [previous.content] if previous is not None else []
@@ -449,6 +474,26 @@ class SMTPProvider(Provider):
                 return _result_for_code(code, reply, "recipient refused")
             return SendResult.accepted(message_id.strip("<>"))
         raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _next_held(queue: Iterator[_Prepared], results: dict[int, SendResult], guard: Guard) -> _Prepared | None:
+    """The next message of `queue` the guard allows; those it does not are ABANDONED on the way."""
+    for prepared in queue:
+        if guard.allows(prepared.id):
+            return prepared
+        results[prepared.id] = SendResult.abandoned()
+    return None
+
+
+def _held(prepared: Iterable[_Prepared], results: dict[int, SendResult], guard: Guard) -> list[_Prepared]:
+    """The messages the guard allows; the others are ABANDONED."""
+    held = []
+    for message in prepared:
+        if guard.allows(message.id):
+            held.append(message)
+        else:
+            results[message.id] = SendResult.abandoned()
+    return held
 
 
 def lost_at(pending: list[_Prepared], results: dict[int, SendResult]) -> int:

@@ -1,4 +1,9 @@
-"""Send a batch through one named provider: its pause and rate limit first, then its breaker."""
+"""Send a batch through one named provider: its pause and rate limit first, then its breaker.
+
+All three belong to the circuit the provider sends through here: its name at its endpoint
+(delivery/breakers.py), so two relays behind one provider name never share a circuit, a bucket
+or a pause.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +15,16 @@ import redis as redis_lib
 from django.conf import settings
 
 from core import metrics
-from delivery.breakers import CircuitOpen, guarded_call, seconds_until_probe
+from delivery.breakers import CircuitOpen, circuit_key, guarded_call, register_circuit, seconds_until_probe
 from delivery.exceptions import ProviderThrottled
-from delivery.providers import OutgoingEmail, SendResult, get_provider
+from delivery.providers import UNGUARDED, Guard, OutgoingEmail, SendResult, get_provider
 from delivery.ratelimit import bucket_for, pause_provider, pause_remaining
 
 logger = logging.getLogger(__name__)
+
+# The two pools, each with its provider chain (delivery.services.sending.provider_chain).
+TRANSACTIONAL = "transactional"
+BULK = "bulk"
 
 
 class ProviderSkipped(Exception):
@@ -34,20 +43,25 @@ TRANSACTIONAL_MAX_WAIT_SECONDS = 1.0
 QUOTA_WAIT_SECONDS = 1.0
 
 
-def send_via(name: str, emails: Sequence[OutgoingEmail], *, transactional: bool) -> list[SendResult]:
+def send_via(
+    name: str, emails: Sequence[OutgoingEmail], *, transactional: bool, guard: Guard = UNGUARDED
+) -> list[SendResult]:
     """One result per email. Raises ProviderSkipped, or ProviderUnavailable (counted by the breaker).
 
+    The provider asks `guard` before it hands each email over (ABANDONED when it may not).
     Error texts do not repeat the provider's name: the caller prefixes it.
     """
-    paused = pause_remaining(name)
+    provider = get_provider(name)
+    circuit = register_circuit(name, provider.endpoint, TRANSACTIONAL if transactional else BULK)
+    paused = pause_remaining(circuit)
     if paused > 0:
         raise ProviderSkipped(f"paused for {paused:.0f} s (the provider asked us to slow down)", paused)
-    bucket = bucket_for(name)
+    bucket = bucket_for(name, circuit)
     allowed = len(emails)
     if bucket is not None:
         # Checked before taking tokens, so a provider that is skipped anyway costs no quota.
         # (Without a bucket guarded_call's own check suffices: one Redis round trip less.)
-        wait = seconds_until_probe(name)
+        wait = seconds_until_probe(circuit)
         if wait > 0:
             raise ProviderSkipped(f"circuit open, next probe in {wait:.0f} s", wait)
         max_wait = (
@@ -58,27 +72,26 @@ def send_via(name: str, emails: Sequence[OutgoingEmail], *, transactional: bool)
         except redis_lib.RedisError as exc:
             # Fail open, as the breaker does: an unmetered send beats a stranded batch. The
             # provider's own limit (429, throttling) still stops us if we overshoot.
-            logger.warning("rate limit for %s unavailable (%s); sending unmetered", name, exc)
+            logger.warning("rate limit for %s unavailable (%s); sending unmetered", circuit, exc)
             allowed = len(emails)
         if allowed == 0:
             raise ProviderSkipped("send-rate quota used up", QUOTA_WAIT_SECONDS)
     batch, later = list(emails[:allowed]), list(emails[allowed:])
-    provider = get_provider(name)
 
     def call() -> list[SendResult]:
         started = time.perf_counter()
         try:
-            return provider.send_batch(batch)
+            return provider.send_batch(batch, guard)
         finally:  # failures too: a slow timeout is what the histogram is for
             metrics.observe_provider_call(name, time.perf_counter() - started)
 
     try:
-        results = guarded_call(name, call)
+        results = guarded_call(circuit, call)
     except CircuitOpen as exc:
         raise ProviderSkipped(str(exc), exc.retry_after) from exc
     except ProviderThrottled as exc:
-        paused = pause_provider(name, exc.retry_after, str(exc))
-        logger.warning("%s is rate limiting us (%s); paused for %.0f s", name, exc, paused)
+        paused = pause_provider(circuit, exc.retry_after, str(exc))
+        logger.warning("%s is rate limiting us (%s); paused for %.0f s", circuit, exc, paused)
         wait = paused or settings.EMAILHUB_THROTTLE_DEFAULT_SECONDS
         error = f"rate limited ({exc}); paused for {wait:.0f} s"
         if not exc.partial:
@@ -86,3 +99,8 @@ def send_via(name: str, emails: Sequence[OutgoingEmail], *, transactional: bool)
         # It took part of the batch before refusing: those stay sent; the rest was not tried.
         results = [exc.partial.get(e.message_id) or SendResult.not_tried(error, wait) for e in batch]
     return results + [SendResult.not_tried("send-rate quota used up", QUOTA_WAIT_SECONDS) for _ in later]
+
+
+def circuit_of(name: str) -> str:
+    """The circuit key this process's provider `name` sends through (its name and endpoint)."""
+    return circuit_key(name, get_provider(name).endpoint)

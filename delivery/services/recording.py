@@ -1,7 +1,8 @@
 """Recording what happened to a batch: message statuses, suppressions and campaign counters.
 
 Everything is written in one transaction: the message rows move through the state machine
-(`transitions.record_outcomes`, every UPDATE conditional on the row still being `sending`), and
+(`transitions.record_outcomes`, every UPDATE conditional on the row still being `sending` under
+the batch's claim), and
 the campaign counters (`campaigns.progress.move_counters`) are moved by exactly the rows that
 moved, so they never drift from the messages, whatever was redelivered or requeued meanwhile.
 The metrics (core.metrics) count the same moved rows, once per batch and after the commit, so
@@ -9,6 +10,8 @@ The metrics (core.metrics) count the same moved rows, once per batch and after t
 """
 
 from __future__ import annotations
+
+from datetime import datetime
 
 from django.conf import settings
 from django.db import transaction
@@ -22,18 +25,23 @@ from core.schedule_index import index_after_commit, message_unit
 from delivery.services.transitions import Outcomes, Recorded, record_outcomes
 
 
-def record(outcomes: Outcomes) -> None:
-    """Record a batch's outcomes. While PostgreSQL is briefly unreachable the same transaction is
-    tried again in place for up to EMAILHUB_RECORD_RETRY_SECONDS: the providers have already
-    answered, and a batch left `sending` would be requeued after the lease and sent again."""
+def record(outcomes: Outcomes, claimed_at: datetime) -> None:
+    """Record a batch's outcomes for the rows its claim (token `claimed_at`) still holds.
+
+    While PostgreSQL is briefly unreachable the same transaction is tried again in place for up
+    to EMAILHUB_RECORD_RETRY_SECONDS: the providers have already answered, and a batch left
+    `sending` would be requeued after the lease and sent again. (Should the lease have passed
+    meanwhile and another worker hold the rows, the token makes the record write nothing.)"""
     retry_while_unreachable(
-        lambda: _record(outcomes), seconds=settings.EMAILHUB_RECORD_RETRY_SECONDS, what="recording a batch"
+        lambda: _record(outcomes, claimed_at),
+        seconds=settings.EMAILHUB_RECORD_RETRY_SECONDS,
+        what="recording a batch",
     )
 
 
-def _record(outcomes: Outcomes) -> None:
+def _record(outcomes: Outcomes, claimed_at: datetime) -> None:
     with transaction.atomic():
-        recorded = record_outcomes(outcomes)
+        recorded = record_outcomes(outcomes, claimed_at)
         if recorded.retrying:
             index_after_commit([(message_unit(i), due) for i, due in recorded.retrying])
         suppress(outcomes.bounced, Suppression.Reason.BOUNCED)

@@ -3,6 +3,8 @@
 Every step is set-based: one UPDATE … RETURNING claims the whole batch (rows another worker
 already claimed or finished are simply not returned, which is what makes a redelivered task
 harmless), one query checks suppressions, and one UPDATE per outcome records the results.
+The claim is held under a lease (delivery/services/lease.py): the providers ask it before every
+message they hand over, and what it no longer allows is abandoned, neither sent nor recorded.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -29,15 +31,13 @@ from campaigns.unsubscribe import (
 from core.templating import EmailTemplate, TemplateSyntaxError
 from delivery.exceptions import ProviderUnavailable
 from delivery.providers import Outcome, OutgoingEmail
-from delivery.services.gateway import ProviderSkipped, send_via
+from delivery.services.gateway import BULK, TRANSACTIONAL, ProviderSkipped, send_via
+from delivery.services.lease import CLOCK, ClaimLease
 from delivery.services.recording import record
 from delivery.services.transitions import ClaimedMessage, Outcomes, claim
 from delivery.tracking.links import CONTEXT_CLICKS, CONTEXT_OPENS, TrackedHtml
 
 logger = logging.getLogger(__name__)
-
-TRANSACTIONAL = "transactional"
-BULK = "bulk"
 
 
 def pool_for(priority: str) -> str:
@@ -57,15 +57,23 @@ class BatchReport:
     failed: int = 0
     suppressed: int = 0
     retrying: int = 0
+    # Claimed, then lost before they were sent (the worker stalled past its lease): not recorded.
+    abandoned: int = 0
 
 
-def send_messages(message_ids: Sequence[int]) -> BatchReport:
-    """Send the given messages that are still `queued` (and whose campaign, if any, is sending)."""
+def send_messages(message_ids: Sequence[int], *, clock: Callable[[], float] = CLOCK) -> BatchReport:
+    """Send the given messages that are still `queued` (and whose campaign, if any, is sending).
+
+    `clock` is the lease's (delivery.services.lease.CLOCK; tests pass their own)."""
     report = BatchReport()
+    asked_at = clock()  # before the claim is sent: the lease is never overestimated
     claimed = claim(message_ids)
     report.claimed = len(claimed)
     if not claimed:
         return report
+    lease = ClaimLease(
+        claimed, asked_at=asked_at, lease_seconds=settings.EMAILHUB_SENDING_LEASE_SECONDS, clock=clock
+    )
     outcomes = Outcomes()
     outcomes.suppressed = [(m.id, "address is on the suppression list") for m in claimed if m.suppressed]
     claimed = [m for m in claimed if not m.suppressed]
@@ -87,10 +95,12 @@ def send_messages(message_ids: Sequence[int]) -> BatchReport:
         ready_in[email.message_id] = min(ready_in.get(email.message_id, retry_after), retry_after)
 
     for provider_name in provider_chain(pool):
+        # Nothing the claim no longer holds goes to the next provider (nor costs its tokens).
+        pending = [email for email in pending if lease.allows(email.message_id)]
         if not pending:
             break
         try:
-            results = send_via(provider_name, pending, transactional=pool == TRANSACTIONAL)
+            results = send_via(provider_name, pending, transactional=pool == TRANSACTIONAL, guard=lease)
         except ProviderSkipped as exc:
             logger.warning("provider %s skipped for %d message(s): %s", provider_name, len(pending), exc)
             for email in pending:
@@ -113,6 +123,8 @@ def send_messages(message_ids: Sequence[int]) -> BatchReport:
             continue
         still_pending: list[OutgoingEmail] = []
         for email, result in zip(pending, results, strict=True):
+            if result.outcome is Outcome.ABANDONED:
+                continue  # another worker holds it now: no outcome of ours
             if result.outcome is Outcome.ACCEPTED:
                 outcomes.sent[provider_name].append((email.message_id, result.provider_message_id))
             elif result.outcome is Outcome.PERMANENT:
@@ -128,13 +140,16 @@ def send_messages(message_ids: Sequence[int]) -> BatchReport:
                 still_pending.append(email)
         pending = still_pending
 
+    pending = [email for email in pending if email.message_id not in lease.lost]
     never_tried = [e for e in pending if e.message_id not in tried and e.message_id in ready_in]
     _plan_deferrals(never_tried, ready_in, last_error, outcomes)
     never_tried_ids = {e.message_id for e in never_tried}
     _plan_retries(
         [by_id[e.message_id] for e in pending if e.message_id not in never_tried_ids], last_error, outcomes
     )
-    record(outcomes)
+    if lease.token is not None:
+        record(outcomes, lease.token)
+    report.abandoned = len(lease.lost)
     report.sent = sum(len(sent) for sent in outcomes.sent.values())
     report.failed = len(outcomes.failed)
     report.suppressed = len(outcomes.suppressed)

@@ -1,4 +1,4 @@
-"""A periodic sweep over PostgreSQL: messages whose worker died mid-send go back to the queue."""
+"""A periodic sweep over PostgreSQL: messages whose worker died (or stalled) mid-send go back to the queue."""
 
 from __future__ import annotations
 
@@ -17,10 +17,11 @@ logger = logging.getLogger(__name__)
 
 
 def requeue_stale_sending() -> int:
-    """Give back messages whose worker died mid-send (claimed longer ago than the lease).
+    """Give back messages whose worker died or stalled mid-send (claimed longer ago than the lease).
 
     Such a message may or may not have reached the provider before the crash; this is the one
-    case in which emailhub can send twice, and it is documented as such.
+    case in which emailhub can send twice, and it is documented as such. A stalled worker that
+    wakes up finds its claim gone before it sends anything more (delivery/services/lease.py).
     """
     with transaction.atomic():
         rows, failed = requeue_stale(
@@ -29,9 +30,9 @@ def requeue_stale_sending() -> int:
         )
         move_counters(failed)
         send_events.record_sends_by_priority(rows)
-        # Left `sending` by a dead worker, back to `queued` (those failed for good are not counted).
+        # Left `sending` by a dead or stalled worker, back to `queued` (those failed for good are not counted).
         requeued = Counter((metrics.NO_PROVIDER, priority, "requeued") for _, priority in rows)
         transaction.on_commit(lambda: metrics.count_emails(requeued))
     if rows:
-        logger.warning("requeued %d message(s) left in `sending` by a dead worker", len(rows))
+        logger.warning("requeued %d message(s) left in `sending` by a dead or stalled worker", len(rows))
     return len(rows)

@@ -338,20 +338,28 @@ MARKETING_SQL = f"(m.campaign_id IS NOT NULL OR coalesce(m.context ? '{CONTEXT_F
 # --- queued → sending (the send worker's claim) -------------------------------------------------
 
 # The claim also reports whether each address is suppressed, saving a query per batch.
+#
+# `claimed_at` is the claim's token as well as its age: the claiming statement's time
+# (statement_timestamp(), one value for the whole batch), which the stale-send sweep measures the
+# lease from and every later write of the claimer (renew_claim, record_outcomes) must find
+# unchanged. It is unique per claim of a row: a row is claimed again only after the sweep found
+# this claim older than the lease, so the next claim's time is later (on any database clock that
+# does not step back by the lease). A column of its own would say the same at the cost of a
+# migration and a wider row on the hottest table.
 _CLAIM_SQL = f"""
 UPDATE delivery_message AS m
-   SET status = 'sending', attempts = attempts + 1, claimed_at = clock_timestamp()
+   SET status = 'sending', attempts = attempts + 1, claimed_at = statement_timestamp()
  WHERE m.id = ANY(%s) AND m.status = 'queued'
    -- A campaign's messages go only while it is sending: pause and cancel take effect per batch.
    AND (m.campaign_id IS NULL OR {campaign_status_sql("m.campaign_id")} = 'sending')
 RETURNING m.id, m.campaign_id, m.contact_id, m.template_id, m.to_email, m.from_email, m.reply_to,
           m.subject, m.html, m.text, m.context, m.priority, m.attempts,
-          {suppressed_sql("m.to_email", marketing=MARKETING_SQL)}
+          {suppressed_sql("m.to_email", marketing=MARKETING_SQL)}, m.claimed_at
 """
 
 _CLAIM_COLUMNS = (
     "id", "campaign_id", "contact_id", "template_id", "to_email", "from_email", "reply_to",
-    "subject", "html", "text", "context", "priority", "attempts", "suppressed",
+    "subject", "html", "text", "context", "priority", "attempts", "suppressed", "claimed_at",
 )  # fmt: skip
 
 
@@ -371,10 +379,13 @@ class ClaimedMessage:
     priority: str
     attempts: int
     suppressed: bool
+    claimed_at: datetime  # the claim's token: the same for every message of one claim
 
 
 def claim(message_ids: Sequence[int]) -> list[ClaimedMessage]:
-    """`queued` → `sending` for the given ids whose campaign, if any, is sending; one attempt spent."""
+    """`queued` → `sending` for the given ids whose campaign, if any, is sending; one attempt spent.
+
+    Every row claimed gets the same `claimed_at`, the token its later writes are fenced by."""
     with connection.cursor() as db:
         db.execute(_CLAIM_SQL, [list(message_ids)])
         rows = db.fetchall()
@@ -383,6 +394,24 @@ def claim(message_ids: Sequence[int]) -> list[ClaimedMessage]:
         if isinstance(message.context, str):  # raw SQL hands back jsonb as text
             message.context = json.loads(message.context)
     return claimed
+
+
+def renew_claim(message_ids: Sequence[int], claimed_at: datetime) -> tuple[datetime | None, list[int]]:
+    """`sending` → `sending` with a fresh `claimed_at`, for the rows of `message_ids` still held by
+    the claim whose token is `claimed_at`: re-confirms the claim and restarts its lease, in one
+    statement for the batch. Returns the new token (None when no row was still held) and the ids
+    renewed; a row the sweep gave back, and so one another worker may hold, is not among them."""
+    with connection.cursor() as db:
+        db.execute(
+            """
+            UPDATE delivery_message SET claimed_at = statement_timestamp()
+             WHERE id = ANY(%s) AND status = 'sending' AND claimed_at = %s
+            RETURNING id, claimed_at
+            """,
+            [list(message_ids), claimed_at],
+        )
+        rows = db.fetchall()
+    return (rows[0][1] if rows else None), [message_id for message_id, _ in rows]
 
 
 # --- sending → sent | failed | suppressed | retry_wait | cancelled (recording a batch) ---------
@@ -421,9 +450,11 @@ class Recorded:
 _ACCEPTED_AT_SQL = "greatest(m.created_at, coalesce(m.due_at, m.created_at))"
 
 
-def record_outcomes(outcomes: Outcomes) -> Recorded:
+def record_outcomes(outcomes: Outcomes, claimed_at: datetime) -> Recorded:
     """Move a claimed batch out of `sending`, each UPDATE conditional on the row still being
-    `sending`; report the campaign of each row really moved, by final status."""
+    `sending` under this claim (`claimed_at`, its token: a worker that lost its claim while it was
+    stalled writes nothing over the rows another worker holds now); report the campaign of each
+    row really moved, by final status."""
     recorded = Recorded()
     with connection.cursor() as db:
         for provider, sent in outcomes.sent.items():
@@ -435,11 +466,11 @@ def record_outcomes(outcomes: Outcomes) -> Recorded:
                        SET status = 'sent', sent_at = clock_timestamp(), provider = %s,
                            provider_message_id = v.provider_message_id, last_error = NULL
                       FROM unnest(%s::bigint[], %s::text[]) AS v(id, provider_message_id)
-                     WHERE m.id = v.id AND m.status = 'sending'
+                     WHERE m.id = v.id AND m.status = 'sending' AND m.claimed_at = %s
                     RETURNING m.campaign_id, m.priority,
                               extract(epoch FROM clock_timestamp() - {_ACCEPTED_AT_SQL})::float8
                     """,
-                    [provider, list(ids), list(provider_ids)],
+                    [provider, list(ids), list(provider_ids), claimed_at],
                 )
                 sent_rows = db.fetchall()
                 _count(recorded, sent_rows, "sent", provider)
@@ -453,10 +484,10 @@ def record_outcomes(outcomes: Outcomes) -> Recorded:
                     UPDATE delivery_message AS m
                        SET status = %s, last_error = v.error
                       FROM unnest(%s::bigint[], %s::text[]) AS v(id, error)
-                     WHERE m.id = v.id AND m.status = 'sending'
+                     WHERE m.id = v.id AND m.status = 'sending' AND m.claimed_at = %s
                     RETURNING m.campaign_id, m.priority
                     """,
-                    [status, list(ids), list(errors)],
+                    [status, list(ids), list(errors), claimed_at],
                 )
                 _count(recorded, db.fetchall(), status)
         retried = []
@@ -477,10 +508,10 @@ def record_outcomes(outcomes: Outcomes) -> Recorded:
                        due_at = v.due_at, last_error = v.error,
                        attempts = GREATEST(m.attempts - %s, 0)
                   FROM unnest(%s::bigint[], %s::timestamptz[], %s::text[]) AS v(id, due_at, error)
-                 WHERE m.id = v.id AND m.status = 'sending'
+                 WHERE m.id = v.id AND m.status = 'sending' AND m.claimed_at = %s
                 RETURNING m.id, m.campaign_id, m.status, m.due_at, m.priority
                 """,
-                [given_back, list(ids), list(due), list(errors)],
+                [given_back, list(ids), list(due), list(errors), claimed_at],
             )
             waited = db.fetchall()
             retried += waited

@@ -91,7 +91,9 @@
       var row = document.createElement("tr");
       row.className = "provider-row";
       row.dataset.provider = p.name;
+      row.dataset.endpoint = p.endpoint;
       cell(row, p.name);
+      cell(row, p.endpoint, "provider-endpoint");
       cell(row, p.pools.join(", "));
       cell(row, p.circuit.state, "provider-circuit circuit-" + p.circuit.state);
       cell(row, p.circuit.fail_counter + "/" + p.circuit.fail_max);
