@@ -21,7 +21,7 @@ from moto.server import ThreadedMotoServer
 from campaigns.models import Suppression
 from delivery.models import EmailEvent, Message, MessageStatus
 from delivery.testing.smtp_server import free_port
-from delivery.testing.sns import OFFICIAL_BASE, TOPIC_ARN, SNSSigner, ses_bounce, ses_event
+from delivery.testing.sns import OFFICIAL_BASE, TOPIC_ARN, SNSSigner, http_headers, ses_bounce, ses_event
 from delivery.webhooks import forget_webhooks
 
 URL = "/api/v1/webhooks/ses"
@@ -56,10 +56,19 @@ def webhook(signer: SNSSigner, moto_sns: str, settings, db) -> Iterator[SNSSigne
     forget_webhooks()
 
 
-def post(envelope: dict[str, Any] | bytes) -> Any:
+def post(envelope: dict[str, Any] | bytes, *, message_type: str | None = None) -> Any:
+    """POST as SNS does (`http_headers`), with `message_type` in x-amz-sns-message-type instead
+    of the envelope's Type when given ("" for no such header); no API key, CSRF token or cookie."""
     body = envelope if isinstance(envelope, bytes) else json.dumps(envelope).encode()
-    # SNS sends its JSON as text/plain; no API key, no CSRF token, no cookie.
-    return Client(enforce_csrf_checks=True).post(URL, data=body, content_type="text/plain; charset=utf-8")
+    headers = http_headers(envelope) if isinstance(envelope, dict) else {}
+    headers.pop("Content-Type", None)
+    if message_type is not None:
+        headers.pop("x-amz-sns-message-type", None)
+        if message_type:
+            headers["x-amz-sns-message-type"] = message_type
+    return Client(enforce_csrf_checks=True).post(
+        URL, data=body, content_type="text/plain; charset=utf-8", headers=headers
+    )
 
 
 def sent_message(address: str, ses_id: str) -> Message:
@@ -351,3 +360,85 @@ def test_unknown_provider_is_404_and_oversized_body_413(webhook: SNSSigner, sett
 
 def test_get_is_not_allowed(webhook: SNSSigner) -> None:
     assert Client().get(URL).status_code == 405
+
+
+# --- the x-amz-sns-message-type header (issue 18, item 7) ------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("signed", "header"),
+    [
+        ("Notification", "SubscriptionConfirmation"),
+        ("Notification", "UnsubscribeConfirmation"),
+        ("Notification", ""),  # no header at all
+        ("Notification", "notification"),  # not the documented spelling
+        ("SubscriptionConfirmation", "Notification"),
+    ],
+)
+def test_a_message_type_header_other_than_the_signed_type_is_400_before_any_fetch(
+    webhook: SNSSigner, signed: str, header: str
+) -> None:
+    # AWS sends the type both in the header and in the signed body ("HTTP/HTTPS headers",
+    # https://docs.aws.amazon.com/sns/latest/dg/http-header.html): a request where they differ
+    # was put together by someone else, whatever the signature says.
+    sent_message("gone@example.com", "ses-1")
+    if signed == "Notification":
+        envelope = webhook.notification(ses_bounce(["gone@example.com"], ses_message_id="ses-1"))
+    else:
+        envelope = webhook.confirmation(signed)
+    fetched = len(webhook.requests)
+    response = post(envelope, message_type=header)
+    assert response.status_code == 400, response.content
+    assert response.json()["error"]["code"] == "invalid_signature"
+    assert "x-amz-sns-message-type" in response.json()["error"]["message"]
+    assert nothing_written()
+    assert len(webhook.requests) == fetched  # refused before the certificate was fetched
+
+
+# --- the SigningCertURL rule (issue 18, item 8) ------------------------------------------------
+
+REFUSED_CERT_URLS = [
+    OFFICIAL_BASE + "SimpleNotificationService-0123.txt",
+    OFFICIAL_BASE + "x.txt?.pem",
+    OFFICIAL_BASE + "SimpleNotificationService-0123.pem?",
+    OFFICIAL_BASE + "SimpleNotificationService-0123.pem?x=1",
+    OFFICIAL_BASE + "SimpleNotificationService-0123.pem#x",
+    OFFICIAL_BASE + "cert.pem",
+    OFFICIAL_BASE + "SimpleNotificationService-.pem",
+    OFFICIAL_BASE + "SimpleNotificationService-xyz.pem",
+    OFFICIAL_BASE + "SimpleNotificationService-0123.PEM",
+    OFFICIAL_BASE + "SimpleNotificationService-0123%2epem",
+    OFFICIAL_BASE + "a/SimpleNotificationService-0123.pem",
+    OFFICIAL_BASE + "SimpleNotificationService-0123.pem/",
+    "https://sns.us-east-1.amazonaws.com:443/SimpleNotificationService-0123.pem",
+    "https://user@sns.us-east-1.amazonaws.com/SimpleNotificationService-0123.pem",
+    "https://sns.us-east-1.amazonaws.com/SimpleNotificationService-0123.pem\n",  # a trailing newline
+]
+
+
+@pytest.mark.parametrize("url", REFUSED_CERT_URLS)
+def test_a_certificate_url_other_than_an_sns_pem_file_is_400_before_any_fetch(
+    webhook: SNSSigner, url: str
+) -> None:
+    envelope = webhook.notification(ses_bounce(["gone@example.com"]))
+    envelope["SigningCertURL"] = url
+    webhook.sign(envelope)  # validly signed (SigningCertURL is not in the string-to-sign)
+    fetched = len(webhook.requests)
+    response = post(envelope)
+    assert response.status_code == 400, response.content
+    assert response.json()["error"]["code"] == "invalid_signature"
+    assert "SigningCertURL" in response.json()["error"]["message"]
+    assert nothing_written()
+    assert len(webhook.requests) == fetched  # nothing was fetched from the certificate server
+
+
+def test_sns_certificate_urls_of_every_partition_pass_the_rule() -> None:
+    from delivery.webhooks.ses import check_cert_url
+
+    for url in (
+        # AWS's own example ("HTTP/HTTPS notification JSON format")
+        "https://sns.us-west-2.amazonaws.com/SimpleNotificationService-f3ecfb7224c7233fe7bb5f59f96de52f.pem",
+        "https://sns.us-gov-west-1.amazonaws.com/SimpleNotificationService-0123abcd.pem",
+        "https://sns.cn-north-1.amazonaws.com.cn/SimpleNotificationService-0123ABCD.pem",
+    ):
+        check_cert_url(url)

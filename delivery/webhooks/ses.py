@@ -5,22 +5,28 @@ SES publishes bounces, complaints, deliveries… to an SNS topic (identity notif
 notification to this endpoint as a JSON envelope whose `Message` is the SES event as a string.
 
 What is verified, before anything is acted on (AWS, "Verifying the signatures of Amazon SNS
-messages"):
+messages", https://docs.aws.amazon.com/sns/latest/dg/sns-verify-signature-of-message.html):
 
 - `Type` is Notification, SubscriptionConfirmation or UnsubscribeConfirmation and every field
   the string-to-sign needs is a string;
+- the `x-amz-sns-message-type` header is exactly that `Type`: SNS sends both ("HTTP/HTTPS
+  headers", https://docs.aws.amazon.com/sns/latest/dg/http-header.html), so a request whose
+  header is missing or says otherwise was put together by someone else;
 - `TopicArn` is in `EMAILHUB_SES_SNS_TOPIC_ARNS` (empty refuses everything);
-- `SigningCertURL` is https, on port 443, on a host that is exactly `sns.<region>.amazonaws.com`
-  (or `.amazonaws.com.cn`): a certificate on any other host, an S3 bucket on `amazonaws.com`
-  included, is refused, since anyone can put a certificate there;
+- `SigningCertURL` is, as a whole string, `https://sns.<region>.amazonaws.com[.cn]/
+  SimpleNotificationService-<hex>.pem` (the shape of AWS's own example in "HTTP/HTTPS
+  notification JSON format"), with no port, userinfo, query or fragment: a certificate on any
+  other host, an S3 bucket on `amazonaws.com` included, is anyone's, and any other path on the
+  SNS host (`….txt`, `x.txt?.pem`) is whatever that host answers, not a signing certificate;
 - `Signature` is PKCS#1 v1.5 RSA over the string-to-sign with SHA1 (`SignatureVersion` 1) or
   SHA256 (2), by that certificate's key. The string-to-sign is "key\\nvalue\\n" for, in this
   order: Notification: Message, MessageId, Subject (only when present), Timestamp, TopicArn,
   Type; the two confirmations: Message, MessageId, SubscribeURL, Timestamp, Token, TopicArn, Type.
 
 Certificates are fetched once (per process, and shared through Redis for a day) and only from
-a URL that passed the host check; `EMAILHUB_SNS_CERT_FETCH_OVERRIDE` (tests) redirects that
-fetch to a local server after the check, so the check itself is never relaxed. No timestamp
+a URL that passed that rule; `EMAILHUB_SNS_CERT_FETCH_OVERRIDE` (tests) redirects that fetch to
+a local server after the check, so the check itself is never relaxed (and `check --deploy`
+refuses the setting: delivery.E002). No timestamp
 window: a replayed notification is harmless (events are deduplicated on MessageId:recipient).
 
 A SubscriptionConfirmation is confirmed through the SNS API (`ConfirmSubscription` with the
@@ -41,7 +47,6 @@ import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import urlsplit
 
 import boto3
 import botocore.exceptions
@@ -83,9 +88,24 @@ SIGNED_FIELDS = {
 OPTIONAL_FIELDS = {"Subject"}
 HASHES: dict[str, Callable[[], hashes.HashAlgorithm]] = {"1": hashes.SHA1, "2": hashes.SHA256}
 
-# Exactly the SNS endpoint of a region: `sns.eu-west-1.amazonaws.com`, China's `.com.cn`. Not
-# `*.amazonaws.com`: `s3.amazonaws.com/any-bucket/cert.pem` is anyone's certificate.
-CERT_HOST = re.compile(r"sns\.[a-z]{2}(?:-[a-z]+)+-\d+\.amazonaws\.com(?:\.cn)?")
+# The header in which SNS repeats the message's Type (AWS, "HTTP/HTTPS headers").
+MESSAGE_TYPE_HEADER = "x-amz-sns-message-type"
+
+# The whole SigningCertURL: exactly the SNS endpoint of a region (`sns.eu-west-1.amazonaws.com`,
+# GovCloud's `sns.us-gov-west-1…`, China's `.amazonaws.com.cn`) and the one file name SNS
+# publishes its certificates under, as in AWS's example
+# `https://sns.us-west-2.amazonaws.com/SimpleNotificationService-f3ecfb7224c7233fe7bb5f59f96de52f.pem`
+# ("HTTP/HTTPS notification JSON format",
+# https://docs.aws.amazon.com/sns/latest/dg/http-notification-json.html). Not `*.amazonaws.com`:
+# `s3.amazonaws.com/any-bucket/cert.pem` is anyone's certificate. Not any path on the endpoint:
+# `/SimpleNotificationService-0123.txt` or `/x.txt?.pem` is whatever it answers there. Matched
+# against the whole string (ASCII classes, no `\d`: "١" is a digit too), so userinfo, a port
+# (even `:443`), a query (even an empty `?`), a fragment, a percent-escape or a trailing newline
+# never passes.
+CERT_URL = re.compile(
+    r"https://sns\.[a-z]{2}(?:-[a-z]+)+-[0-9]+\.amazonaws\.com(?:\.cn)?"
+    r"/SimpleNotificationService-[0-9a-fA-F]+\.pem"
+)
 # A PEM certificate is ~2 KiB; refuse to read megabytes from a misbehaving server.
 CERT_MAX_BYTES = 64 * 1024
 CERT_FETCH_TIMEOUT_SECONDS = 5.0
@@ -104,19 +124,11 @@ def string_to_sign(envelope: Mapping[str, Any]) -> bytes:
 
 
 def check_cert_url(url: str) -> None:
-    """Refuse a SigningCertURL that is not AWS's SNS endpoint over https (ForgedWebhook)."""
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError as exc:
-        raise ForgedWebhook(f"SigningCertURL is not a URL: {exc}") from exc
-    if parts.scheme != "https":
-        raise ForgedWebhook("SigningCertURL must be https")
-    if parts.username is not None or parts.password is not None or port not in (None, 443):
-        raise ForgedWebhook("SigningCertURL must not carry credentials or a port")
-    if not CERT_HOST.fullmatch(parts.hostname or ""):
+    """Refuse (ForgedWebhook) a SigningCertURL that is not an SNS certificate file (CERT_URL)."""
+    if not CERT_URL.fullmatch(url):
         raise ForgedWebhook(
-            f"SigningCertURL host {parts.hostname!r} is not sns.<region>.amazonaws.com; refused"
+            f"SigningCertURL {url[:200]!r} is not https://sns.<region>.amazonaws.com[.cn]/"
+            "SimpleNotificationService-<hex>.pem (no port, userinfo, query or fragment); refused"
         )
 
 
@@ -196,13 +208,22 @@ class CertificateStore:
             self._keys.clear()
 
 
-def verify_envelope(envelope: Any, topics: Sequence[str], certificates: CertificateStore) -> None:
-    """Raise ForgedWebhook unless `envelope` is an SNS message signed by SNS for an allowed topic."""
+def verify_envelope(
+    envelope: Any, topics: Sequence[str], certificates: CertificateStore, *, message_type: str | None
+) -> None:
+    """Raise ForgedWebhook unless `envelope` is an SNS message signed by SNS for an allowed topic
+    and `message_type` (the MESSAGE_TYPE_HEADER's value, None when absent) is its Type."""
     if not isinstance(envelope, dict):
         raise ForgedWebhook("not an SNS message (a JSON object was expected)")
     kind = envelope.get("Type")
     if kind not in SIGNED_FIELDS:
         raise ForgedWebhook(f"unknown SNS message Type {kind!r}")
+    if message_type != kind:
+        # SNS always sends both; the signature covers only the body, so a header that disagrees
+        # means someone re-used a signed body in a request of their own.
+        raise ForgedWebhook(
+            f"the {MESSAGE_TYPE_HEADER} header ({message_type!r}) is not the message's Type ({kind!r})"
+        )
     for name in (*SIGNED_FIELDS[kind], "Signature", "SignatureVersion", "SigningCertURL"):
         if name in OPTIONAL_FIELDS and name not in envelope:
             continue
@@ -388,7 +409,9 @@ class SESWebhook(Webhook):
             envelope = request.json()
         except InvalidWebhook as exc:  # unsigned garbage is a forgery, not an SES event
             raise ForgedWebhook(str(exc.detail)) from exc
-        verify_envelope(envelope, self.topics, self.certificates)
+        verify_envelope(
+            envelope, self.topics, self.certificates, message_type=request.headers.get(MESSAGE_TYPE_HEADER)
+        )
 
     def parse(self, request: WebhookRequest) -> Sequence[ProviderEvent]:
         envelope = request.json()
