@@ -49,7 +49,7 @@ from django.db import connection  # noqa: E402
 from bench.common import prepare, run_clients  # noqa: E402
 from bench.smtp_sink import free_port  # noqa: E402
 from bench.transactional import group_stats  # noqa: E402
-from delivery.testing.sns import TOPIC_ARN, SNSSigner, ses_event  # noqa: E402
+from delivery.testing.sns import TOPIC_ARN, SNSSigner, http_headers, ses_event  # noqa: E402
 from scripts.stack import Stack  # noqa: E402
 
 BENCH_DB = "emailhub_bench_webhooks"  # its own: it truncates the event and message tables
@@ -181,7 +181,7 @@ def sns_run(args: argparse.Namespace, base_env: dict[str, str]) -> dict[str, Any
                 emailhub_id=ids[0] if args.sns_lookup == "header" else None,
             )
             envelope = signer.notification(event, message_id=f"{tag}-{i}")
-            out.append((json.dumps(envelope).encode(), {"Content-Type": "text/plain; charset=UTF-8"}))
+            out.append((json.dumps(envelope).encode(), http_headers(envelope)))
         return out, count * per
 
     with SNSSigner() as signer:

@@ -75,6 +75,14 @@ WEBHOOK_REQUESTS = Counter(
     "unavailable, unknown_provider).",
     ["provider", "outcome"],
 )
+WEBHOOK_EVENTS_SKIPPED = Counter(
+    "emailhub_webhook_events_skipped",
+    "Events of authentic provider webhook requests left out (each logged with its place and "
+    "why) while the rest of the request was recorded, by provider and reason: not_an_object, "
+    "missing_field, bad_recipient (missing or not an address), recipient_too_long, unstorable "
+    "(U+0000, a lone surrogate, NaN or nesting PostgreSQL cannot store).",
+    ["provider", "reason"],
+)
 ENGAGEMENT = Counter(
     "emailhub_tracking_hits_recorded",
     "Opens and clicks recorded (new events), by provider (emailhub = our pixel and links), kind "
@@ -124,6 +132,13 @@ def count_events(
 
 def count_webhook_request(provider: str, outcome: str) -> None:
     WEBHOOK_REQUESTS.labels(provider, outcome).inc()
+
+
+def count_webhook_skips(provider: str, skipped: Mapping[str, int]) -> None:
+    """reason → events of one webhook request left out."""
+    for reason, n in skipped.items():
+        if n:
+            WEBHOOK_EVENTS_SKIPPED.labels(provider, reason).inc(n)
 
 
 def count_tracking_request(kind: str, outcome: str) -> None:

@@ -287,7 +287,8 @@ EMAILHUB_SES_SNS_TOPIC_ARNS = env_list("EMAILHUB_SES_SNS_TOPIC_ARNS", [])
 # The SNS API used to confirm subscriptions ("" = AWS's own endpoint for the topic's region).
 EMAILHUB_SNS_ENDPOINT_URL = env_str("EMAILHUB_SNS_ENDPOINT_URL", "")
 # Tests only: "official-prefix=local-base" pairs; a SigningCertURL that has PASSED the
-# https://sns.<region>.amazonaws.com check is fetched from the local base instead.
+# SigningCertURL rule (delivery/webhooks/ses.py) is fetched from the local base instead.
+# `check --deploy` refuses it (delivery.E002).
 EMAILHUB_SNS_CERT_FETCH_OVERRIDE = dict(
     pair.split("=", 1) for pair in env_list("EMAILHUB_SNS_CERT_FETCH_OVERRIDE", []) if "=" in pair
 )

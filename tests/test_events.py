@@ -145,6 +145,13 @@ def test_events_find_their_message_by_id_then_by_provider_message_id_and_keep_un
     assert suppressions() == {"gone@example.com": "bounced"}  # unmatched, still suppressed
 
 
+def deep_list(levels: int) -> object:
+    nested: object = "x"
+    for _ in range(levels):
+        nested = [nested]
+    return nested
+
+
 @pytest.mark.parametrize(
     "bad",
     [
@@ -154,6 +161,12 @@ def test_events_find_their_message_by_id_then_by_provider_message_id_and_keep_un
         {"event_id": ""},
         {"event_id": "x" * 256},
         {"recipient": "a" * 250 + "@example.com"},
+        # What PostgreSQL cannot store: a ValueError, a UnicodeEncodeError and a DataError at the
+        # INSERT (a 500 for the source) before they were refused here.
+        {"detail": "550 bad\x00mailbox"},
+        {"recipient": "a\ud800@example.com"},
+        {"payload": {"spam": float("nan")}},
+        {"payload": {"deep": deep_list(100)}},  # past MAX_JSON_DEPTH, where json.dumps may run out
     ],
 )
 def test_a_malformed_event_refuses_the_whole_batch_and_writes_nothing(bad: dict) -> None:

@@ -26,6 +26,7 @@ from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
 from campaigns.models import Suppression
+from core import metrics
 from core.metrics_dir import files_in_use, prepare, process_identifier
 from delivery.models import Message
 from delivery.services.events import ProviderEvent, record_events
@@ -419,3 +420,26 @@ def test_webhook_requests_are_counted_by_provider_and_outcome_never_by_a_path_of
         value("emailhub_webhook_requests_total", provider="unknown", outcome="unknown_provider") - unknown
         == 1
     )
+
+
+def test_skipped_webhook_events_are_counted_by_provider_and_a_reason_from_a_bounded_set() -> None:
+    from delivery.webhooks.base import SKIP_REASONS, EventBatch
+
+    batch = EventBatch("sendgrid")
+    before = value("emailhub_webhook_events_skipped_total", provider="sendgrid", reason="bad_recipient")
+    batch.skip("bad_recipient", "event 1 of 1", "no email address")
+    metrics.count_webhook_skips("sendgrid", batch.skipped)
+    assert (
+        value("emailhub_webhook_events_skipped_total", provider="sendgrid", reason="bad_recipient") - before
+        == 1
+    )
+    # A reason is one of a few words, never something taken from the request.
+    assert SKIP_REASONS == {
+        "not_an_object",
+        "missing_field",
+        "bad_recipient",
+        "recipient_too_long",
+        "unstorable",
+    }
+    with pytest.raises(ValueError, match="unknown skip reason"):
+        batch.skip("someone@example.com", "event 1 of 1", "")

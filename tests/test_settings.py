@@ -103,3 +103,34 @@ def test_https_setting_turns_on_the_deploy_checks_security_settings(https: bool)
         assert not {w for w in warnings if w in output}, output
     else:
         assert warnings <= {w for w in warnings if w in output}, output
+
+
+@pytest.mark.parametrize("override", [True, False])
+def test_check_deploy_refuses_the_test_only_certificate_fetch_override(override: bool) -> None:
+    """EMAILHUB_SNS_CERT_FETCH_OVERRIDE sends SNS signing-certificate fetches to another host:
+    a production process with it set would trust whatever certificate that host serves."""
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "emailhub.settings",
+        "EMAILHUB_DEBUG": "false",
+        "EMAILHUB_SECRET_KEY": "x" * 64 + "-not-a-development-key-" + "y" * 16,
+        "EMAILHUB_PUBLIC_URL": "https://mail.example.com",
+        "EMAILHUB_HTTPS": "true",
+        "EMAILHUB_SNS_CERT_FETCH_OVERRIDE": "https://sns.us-east-1.amazonaws.com/=http://127.0.0.1:9/"
+        if override
+        else "",
+    }
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "ERROR"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    output = result.stdout + result.stderr
+    if override:
+        assert result.returncode != 0, output
+        assert "delivery.E002" in output and "EMAILHUB_SNS_CERT_FETCH_OVERRIDE" in output, output
+    else:
+        assert result.returncode == 0, output
+        assert "delivery.E002" not in output

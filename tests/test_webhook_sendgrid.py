@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -26,6 +27,7 @@ from delivery.webhooks.sendgrid import (
     verify_signature,
 )
 from tests.campaign_data import make_audience, make_campaign
+from tests.test_webhook_ses import delta, skipped
 
 URL = "/api/v1/webhooks/sendgrid"
 NOW = 1_780_000_000  # a fixed clock for the tolerance tests
@@ -188,6 +190,7 @@ def test_the_documented_sample_batch_parses_into_one_event_per_delivery_event(we
         "suppressed": 1,
         "unmatched": 10,
         "ignored": 2,
+        "skipped": 0,
     }
     rows = {e.provider_event_id: e for e in EmailEvent.objects.filter(provider="sendgrid")}
     kinds = {
@@ -281,6 +284,7 @@ def test_the_same_batch_posted_twice_changes_nothing_the_second_time(webhook_key
         "suppressed": 0,
         "unmatched": 0,
         "ignored": 0,
+        "skipped": 0,
     }
     assert counts() == after_first == (4, 2, [(1, 0, 1)])
 
@@ -357,12 +361,69 @@ def test_a_stale_request_is_refused_at_the_webhook_and_a_fresh_one_recorded(
 
 @pytest.mark.django_db
 def test_an_authentic_body_that_is_not_an_event_array_is_a_400(webhook_key: Any) -> None:  # noqa: ANN401
-    nul = json.dumps([event("bounce", None, 1, reason="550 bad\u0000mailbox")]).encode()
-    for body in (b'{"event": "bounce"}', b"[1, 2]", b"not json", b'[{"event": NaN}]', nul):
+    deep = b"[" * 5000 + b"]" * 5000  # past the decoder's recursion limit: no event can be read
+    for body in (b'{"event": "bounce"}', b"not json", b"[1, 2", b'["\xff"]', deep):
         timestamp = str(int(time.time()))
         response = post(body, signature=sign(webhook_key, body, timestamp), timestamp=timestamp)
         assert response.status_code == 400, (body, response.content)
     assert counts() == (0, 0, [])
+
+
+@pytest.mark.django_db
+def test_unusable_events_in_a_signed_batch_are_skipped_logged_and_counted_and_the_rest_recorded(
+    webhook_key: Any,  # noqa: ANN401
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    hard, delivered = campaign_messages(2)
+    nested: Any = "x"
+    for _ in range(200):  # decodable, but deeper than delivery.services.events.MAX_JSON_DEPTH
+        nested = [nested]
+    no_address = event("bounce", None, 9)
+    del no_address["email"]
+    batch = [
+        event("bounce", hard, 1, type="bounce"),
+        {**event("bounce", None, 2), "spam": float("nan")},  # NaN: jsonb refuses it
+        event("bounce", None, 3, reason="550 bad\u0000mailbox"),  # U+0000: PostgreSQL refuses it
+        {**event("bounce", None, 4), "extra": nested},
+        1,  # not an event object
+        event("bounce", None, 5, email="x" * 250 + "@example.com"),  # longer than any address
+        event("bounce", None, 6, email=5),  # not a string
+        no_address,
+        {k: v for k, v in event("delivered", None, 7).items() if k != "event"},  # no event type
+        event("processed", None, 8),  # not recorded on purpose: ignored, not skipped
+        event("delivered", delivered, 10),
+    ]
+    body = json.dumps(batch).encode()  # json.dumps writes NaN as SendGrid's batch would carry it
+    assert b"NaN" in body
+    timestamp = str(int(time.time()))
+    before = skipped("sendgrid")
+    with caplog.at_level(logging.WARNING, logger="delivery.webhooks"):
+        response = post(body, signature=sign(webhook_key, body, timestamp), timestamp=timestamp)
+
+    assert response.status_code == 200, response.content
+    assert response.json() == {
+        "received": 2,
+        "new": 2,
+        "duplicates": 0,
+        "suppressed": 1,
+        "unmatched": 0,
+        "ignored": 1,
+        "skipped": 8,
+    }
+    assert sorted(EmailEvent.objects.values_list("message_id", "kind")) == sorted(
+        [(hard.pk, "bounced"), (delivered.pk, "delivered")]
+    )
+    assert list(Suppression.objects.values_list("email", flat=True)) == [hard.to_email]
+    assert delta(before, skipped("sendgrid")) == {
+        "unstorable": 3,
+        "not_an_object": 1,
+        "recipient_too_long": 1,
+        "bad_recipient": 2,
+        "missing_field": 1,
+    }
+    logged = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+    assert len(logged) == 8, logged
+    assert any("event 2 " in line and "unstorable" in line for line in logged), logged  # names which, and why
 
 
 @pytest.mark.django_db

@@ -9,7 +9,9 @@ confirmations go to moto's SNS in server mode.
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,11 +19,12 @@ import boto3
 import pytest
 from django.test import Client
 from moto.server import ThreadedMotoServer
+from prometheus_client import REGISTRY
 
 from campaigns.models import Suppression
 from delivery.models import EmailEvent, Message, MessageStatus
 from delivery.testing.smtp_server import free_port
-from delivery.testing.sns import OFFICIAL_BASE, TOPIC_ARN, SNSSigner, ses_bounce, ses_event
+from delivery.testing.sns import OFFICIAL_BASE, TOPIC_ARN, SNSSigner, http_headers, ses_bounce, ses_event
 from delivery.webhooks import forget_webhooks
 
 URL = "/api/v1/webhooks/ses"
@@ -56,10 +59,19 @@ def webhook(signer: SNSSigner, moto_sns: str, settings, db) -> Iterator[SNSSigne
     forget_webhooks()
 
 
-def post(envelope: dict[str, Any] | bytes) -> Any:
+def post(envelope: dict[str, Any] | bytes, *, message_type: str | None = None) -> Any:
+    """POST as SNS does (`http_headers`), with `message_type` in x-amz-sns-message-type instead
+    of the envelope's Type when given ("" for no such header); no API key, CSRF token or cookie."""
     body = envelope if isinstance(envelope, bytes) else json.dumps(envelope).encode()
-    # SNS sends its JSON as text/plain; no API key, no CSRF token, no cookie.
-    return Client(enforce_csrf_checks=True).post(URL, data=body, content_type="text/plain; charset=utf-8")
+    headers = http_headers(envelope) if isinstance(envelope, dict) else {}
+    headers.pop("Content-Type", None)
+    if message_type is not None:
+        headers.pop("x-amz-sns-message-type", None)
+        if message_type:
+            headers["x-amz-sns-message-type"] = message_type
+    return Client(enforce_csrf_checks=True).post(
+        URL, data=body, content_type="text/plain; charset=utf-8", headers=headers
+    )
 
 
 def sent_message(address: str, ses_id: str) -> Message:
@@ -351,3 +363,183 @@ def test_unknown_provider_is_404_and_oversized_body_413(webhook: SNSSigner, sett
 
 def test_get_is_not_allowed(webhook: SNSSigner) -> None:
     assert Client().get(URL).status_code == 405
+
+
+# --- the x-amz-sns-message-type header (issue 18, item 7) ------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("signed", "header"),
+    [
+        ("Notification", "SubscriptionConfirmation"),
+        ("Notification", "UnsubscribeConfirmation"),
+        ("Notification", ""),  # no header at all
+        ("Notification", "notification"),  # not the documented spelling
+        ("SubscriptionConfirmation", "Notification"),
+    ],
+)
+def test_a_message_type_header_other_than_the_signed_type_is_400_before_any_fetch(
+    webhook: SNSSigner, signed: str, header: str
+) -> None:
+    # AWS sends the type both in the header and in the signed body ("HTTP/HTTPS headers",
+    # https://docs.aws.amazon.com/sns/latest/dg/http-header.html): a request where they differ
+    # was put together by someone else, whatever the signature says.
+    sent_message("gone@example.com", "ses-1")
+    if signed == "Notification":
+        envelope = webhook.notification(ses_bounce(["gone@example.com"], ses_message_id="ses-1"))
+    else:
+        envelope = webhook.confirmation(signed)
+    fetched = len(webhook.requests)
+    response = post(envelope, message_type=header)
+    assert response.status_code == 400, response.content
+    assert response.json()["error"]["code"] == "invalid_signature"
+    assert "x-amz-sns-message-type" in response.json()["error"]["message"]
+    assert nothing_written()
+    assert len(webhook.requests) == fetched  # refused before the certificate was fetched
+
+
+# --- the SigningCertURL rule (issue 18, item 8) ------------------------------------------------
+
+REFUSED_CERT_URLS = [
+    OFFICIAL_BASE + "SimpleNotificationService-0123.txt",
+    OFFICIAL_BASE + "x.txt?.pem",
+    OFFICIAL_BASE + "SimpleNotificationService-0123.pem?",
+    OFFICIAL_BASE + "SimpleNotificationService-0123.pem?x=1",
+    OFFICIAL_BASE + "SimpleNotificationService-0123.pem#x",
+    OFFICIAL_BASE + "cert.pem",
+    OFFICIAL_BASE + "SimpleNotificationService-.pem",
+    OFFICIAL_BASE + "SimpleNotificationService-xyz.pem",
+    OFFICIAL_BASE + "SimpleNotificationService-0123.PEM",
+    OFFICIAL_BASE + "SimpleNotificationService-0123%2epem",
+    OFFICIAL_BASE + "a/SimpleNotificationService-0123.pem",
+    OFFICIAL_BASE + "SimpleNotificationService-0123.pem/",
+    "https://sns.us-east-1.amazonaws.com:443/SimpleNotificationService-0123.pem",
+    "https://user@sns.us-east-1.amazonaws.com/SimpleNotificationService-0123.pem",
+    "https://sns.us-east-1.amazonaws.com/SimpleNotificationService-0123.pem\n",  # a trailing newline
+]
+
+
+@pytest.mark.parametrize("url", REFUSED_CERT_URLS)
+def test_a_certificate_url_other_than_an_sns_pem_file_is_400_before_any_fetch(
+    webhook: SNSSigner, url: str
+) -> None:
+    envelope = webhook.notification(ses_bounce(["gone@example.com"]))
+    envelope["SigningCertURL"] = url
+    webhook.sign(envelope)  # validly signed (SigningCertURL is not in the string-to-sign)
+    fetched = len(webhook.requests)
+    response = post(envelope)
+    assert response.status_code == 400, response.content
+    assert response.json()["error"]["code"] == "invalid_signature"
+    assert "SigningCertURL" in response.json()["error"]["message"]
+    assert nothing_written()
+    assert len(webhook.requests) == fetched  # nothing was fetched from the certificate server
+
+
+def test_sns_certificate_urls_of_every_partition_pass_the_rule() -> None:
+    from delivery.webhooks.ses import check_cert_url
+
+    for url in (
+        # AWS's own example ("HTTP/HTTPS notification JSON format")
+        "https://sns.us-west-2.amazonaws.com/SimpleNotificationService-f3ecfb7224c7233fe7bb5f59f96de52f.pem",
+        "https://sns.us-gov-west-1.amazonaws.com/SimpleNotificationService-0123abcd.pem",
+        "https://sns.cn-north-1.amazonaws.com.cn/SimpleNotificationService-0123ABCD.pem",
+    ):
+        check_cert_url(url)
+
+
+# --- one unusable recipient never costs the others (issue 18, item 9) --------------------------
+
+
+def skipped(provider: str) -> dict[str, float]:
+    """emailhub_webhook_events_skipped_total by reason, for `provider`."""
+    return {
+        reason: REGISTRY.get_sample_value(
+            "emailhub_webhook_events_skipped_total", {"provider": provider, "reason": reason}
+        )
+        or 0.0
+        for reason in ("not_an_object", "missing_field", "bad_recipient", "recipient_too_long", "unstorable")
+    }
+
+
+def delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {reason: after[reason] - before[reason] for reason in after if after[reason] != before[reason]}
+
+
+# 254 characters, the longest address RFC 5321 (§4.5.3.1.3, a path of 256 with its <>) allows.
+LONGEST = "a" * 64 + "@" + "b" * 63 + "." + "c" * 63 + "." + "d" * 57 + ".com"
+
+
+def test_a_254_character_address_gets_a_hashed_event_id_and_every_recipient_is_recorded(
+    webhook: SNSSigner,
+) -> None:
+    assert len(LONGEST) == 254
+    others = ["one@example.com", "two@example.com"]
+    envelope = webhook.notification(ses_bounce([others[0], LONGEST, others[1]]))
+    first = post(envelope)
+    assert first.status_code == 200, first.content
+    assert first.json()["new"] == 3
+    ids = dict(EmailEvent.objects.values_list("recipient", "provider_event_id"))
+    assert ids[others[0]] == f"{envelope['MessageId']}:{others[0]}"  # short ids are kept as they are
+    long_id = f"{envelope['MessageId']}:{LONGEST}"
+    assert len(long_id) == 291
+    assert ids[LONGEST] == "sha256:" + hashlib.sha256(long_id.encode()).hexdigest()
+    assert set(Suppression.objects.values_list("email", flat=True)) == {*others, LONGEST}
+    second = post(envelope)  # SNS retrying: the hashed id deduplicates like any other
+    assert (second.json()["new"], second.json()["duplicates"]) == (0, 3)
+    assert EmailEvent.objects.count() == 3
+
+
+def test_unusable_recipients_are_skipped_logged_and_counted_and_the_others_recorded(
+    webhook: SNSSigner, caplog: pytest.LogCaptureFixture
+) -> None:
+    message = sent_message("kept@example.com", "ses-k")
+    event = ses_bounce(["kept@example.com", "also@example.com"], ses_message_id="ses-k")
+    event["bounce"]["bouncedRecipients"] += [
+        {"emailAddress": "x" * 250 + "@example.com", "status": "5.1.1"},  # longer than any address
+        {"emailAddress": 5},  # not a string
+        7,  # not an entry
+        {"emailAddress": "nul@example.com", "diagnosticCode": "550 bad\u0000mailbox"},  # no NUL in PostgreSQL
+    ]
+    before = skipped("ses")
+    with caplog.at_level(logging.WARNING, logger="delivery.webhooks"):
+        response = post(webhook.notification(event))
+    assert response.status_code == 200, response.content
+    assert response.json() == {
+        "received": 2,
+        "new": 2,
+        "duplicates": 0,
+        "suppressed": 2,
+        "unmatched": 0,
+        "skipped": 4,
+    }
+    # Both found by SES's message id, which the recipients of one send share.
+    assert sorted(EmailEvent.objects.values_list("recipient", "message_id")) == [
+        ("also@example.com", message.id),
+        ("kept@example.com", message.id),
+    ]
+    assert sorted(Suppression.objects.values_list("email", flat=True)) == [
+        "also@example.com",
+        "kept@example.com",
+    ]
+    assert delta(before, skipped("ses")) == {"recipient_too_long": 1, "bad_recipient": 2, "unstorable": 1}
+    logged = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+    assert len(logged) == 4
+    for reason in ("recipient_too_long", "bad_recipient", "unstorable"):
+        assert any(reason in line for line in logged), logged
+    assert not any("x" * 250 in line for line in logged)  # the address is not copied into the log
+
+
+def test_an_ses_event_without_the_fields_it_needs_is_skipped_and_counted_not_a_400(
+    webhook: SNSSigner,
+) -> None:
+    bounce = ses_bounce(["gone@example.com"])
+    del bounce["bounce"]  # a Bounce without its bounce object
+    typeless = ses_bounce(["gone@example.com"])
+    del typeless["notificationType"]
+    before = skipped("ses")
+    for event in (bounce, typeless):
+        response = post(webhook.notification(event))
+        assert response.status_code == 200, response.content
+        assert (response.json()["received"], response.json()["skipped"]) == (0, 1)
+    assert delta(before, skipped("ses")) == {"missing_field": 2}
+    assert nothing_written()

@@ -71,6 +71,15 @@ class WebhookResultSerializer(serializers.Serializer):
     duplicates = serializers.IntegerField(required=False)
     suppressed = serializers.IntegerField(required=False)
     unmatched = serializers.IntegerField(required=False)
-    ignored = serializers.IntegerField(required=False, help_text="SendGrid: events not recorded")
+    skipped = serializers.IntegerField(
+        required=False,
+        help_text="events of this authentic request left out because they cannot be used (not an "
+        "object, a field missing, no address, an address over 254 characters, data PostgreSQL "
+        "cannot store); each is logged and counted in emailhub_webhook_events_skipped_total, "
+        "and the others are recorded",
+    )
+    ignored = serializers.IntegerField(
+        required=False, help_text="SendGrid: events of a type not recorded on purpose (processed, …)"
+    )
     confirmed = serializers.CharField(required=False, help_text="SNS: the subscription confirmed")
     unsubscribed = serializers.CharField(required=False, help_text="SNS: the topic that unsubscribed us")

@@ -8,7 +8,6 @@ mailbox again records nothing twice and has no consequence twice.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -17,7 +16,7 @@ from pathlib import Path
 
 from delivery import dsn
 from delivery.providers.mime import message_id_for
-from delivery.services.events import EVENT_ID_MAX_CHARS, ProviderEvent, record_events
+from delivery.services.events import ProviderEvent, record_events, storable_event_id
 
 PROVIDER = "smtp"
 # Events per record_events call: one statement each, and a mailbox of any size never sits in
@@ -66,7 +65,8 @@ def events_of(reports: Iterable[dsn.Report], *, received_at: datetime) -> list[P
         events.append(
             ProviderEvent(
                 provider=PROVIDER,
-                event_id=_event_id(report.event_id),
+                # Message-IDs may be up to 998 characters: a longer id is hashed, never cut.
+                event_id=storable_event_id(report.event_id),
                 kind=kind,
                 occurred_at=report.occurred_at or received_at,
                 message_id=_trusted_id(report),
@@ -117,11 +117,3 @@ def _trusted_id(report: dsn.Report) -> int | None:
         return report.message_id
     token = message_id_for(report.message_id, "x").strip("<>").split("@")[0]
     return report.message_id if report.original_message_id.split("@")[0].lower() == token else None
-
-
-def _event_id(value: str) -> str:
-    # Message-IDs may be up to 998 characters: a longer id is hashed, never cut (two ids
-    # sharing a prefix would collide and one event would be lost).
-    if len(value) <= EVENT_ID_MAX_CHARS:
-        return value
-    return "sha256:" + hashlib.sha256(value.encode("utf-8", "replace")).hexdigest()

@@ -30,6 +30,7 @@ keep meaning "what emailhub did". Messages still queued to a suppressed address 
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import Counter, defaultdict
 from collections.abc import Sequence
@@ -44,6 +45,7 @@ from campaigns.models import Suppression
 from campaigns.progress import move_feedback_counters
 from campaigns.suppressions import stronger, suppress
 from core import metrics
+from core.validators import json_storage_problem, unstorable_reason
 from delivery.models import EmailEvent
 from delivery.services.transitions import record_first_engagement
 from delivery.tracking.classify import Hit, bursts, classify
@@ -53,12 +55,23 @@ Kind = EmailEvent.Kind
 # Provider names used in EmailEvent.provider by the event sources.
 PROVIDERS = ("ses", "sendgrid", "smtp", "emailhub")
 
-# EmailEvent.provider_event_id and recipient columns' sizes: longer ids are refused, not cut
-# (two ids sharing a 255-character prefix would collide and one event would be lost).
+# EmailEvent.provider_event_id and recipient columns' sizes. An id is never cut (two ids sharing
+# a 255-character prefix would collide and one event would be lost): sources pass what the
+# provider gave through `storable_event_id`, which hashes a longer one; record_events refuses it.
 EVENT_ID_MAX_CHARS = 255
+# RFC 5321 §4.5.3.1.3: a path is at most 256 octets with its angle brackets, so no deliverable
+# address is longer (Message.to_email and Suppression.email have the same size).
 RECIPIENT_MAX_CHARS = 254
 # EmailEvent.detail is free text from a provider (a DSN's diagnostic can be long); keep rows small.
 DETAIL_MAX_CHARS = 2000
+# How deep a payload may nest: json.dumps of it (in `_columns`) recurses once per level and runs
+# out of stack near 1,000; a provider's events nest a few levels (SES: Message → bounce →
+# bouncedRecipients → entry).
+MAX_JSON_DEPTH = 64
+
+# Why `unusable` says the provider's data in an event cannot be stored (metric label values).
+RECIPIENT_TOO_LONG = "recipient_too_long"
+UNSTORABLE = "unstorable"
 
 # The three feedback categories: the suppression reason and the campaign counter they move.
 BOUNCED = Suppression.Reason.BOUNCED.value
@@ -100,8 +113,46 @@ class RecordedEvents:
 
 
 class InvalidEvent(ValueError):
-    """An event a source built wrongly (unknown kind, naive time, id too long): a bug in the
-    source or a payload to refuse with a 400, never stored."""
+    """An event a source built wrongly (unknown kind, naive time, id too long) or one `unusable`
+    refuses: a bug in the source, never stored. Webhooks leave unusable events out beforehand."""
+
+
+def storable_event_id(value: str) -> str:
+    """A provider's event id as EmailEvent.provider_event_id: itself when it fits the column and
+    PostgreSQL can store it, else `hashed_event_id` of it. The same input always gives the same
+    id, so a provider's retry of the event is still a duplicate."""
+    if len(value) <= EVENT_ID_MAX_CHARS and unstorable_reason(value) is None:
+        return value
+    return hashed_event_id(value)
+
+
+def hashed_event_id(text: str) -> str:
+    """The id `sha256:<hex SHA-256 of text>` (71 characters): for ids too long to store (an SES
+    `MessageId:recipient` with a 254-character address is 291) and for events that carry no id
+    of their own (their canonical JSON). surrogatepass: two different texts, even with lone
+    surrogates (a DSN's undecodable bytes), never hash alike."""
+    return "sha256:" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def unusable(event: ProviderEvent) -> tuple[str, str] | None:
+    """(reason, why) when what the provider reported cannot be stored as `event`, else None: an
+    address longer than any deliverable one (RECIPIENT_TOO_LONG), or (UNSTORABLE) text
+    PostgreSQL refuses (U+0000, a lone surrogate) or a payload jsonb refuses (NaN, Infinity) or
+    nested past MAX_JSON_DEPTH. A webhook skips such an event and records the others
+    (delivery.webhooks.base.EventBatch); record_events refuses it. `why` never quotes the data."""
+    if len(event.recipient) > RECIPIENT_MAX_CHARS:
+        return (
+            RECIPIENT_TOO_LONG,
+            f"the address is {len(event.recipient)} characters, more than {RECIPIENT_MAX_CHARS}",
+        )
+    for name in ("event_id", "recipient", "detail", "provider_message_id"):  # the text columns
+        reason = unstorable_reason(getattr(event, name) or "")
+        if reason:
+            return UNSTORABLE, f"its {name} {reason}"
+    problem = json_storage_problem(event.payload, max_depth=MAX_JSON_DEPTH)
+    if problem:
+        return UNSTORABLE, f"its payload: {problem}"
+    return None
 
 
 def consequence_of(kind: str, bounce: str) -> str | None:
@@ -191,8 +242,9 @@ def _validated(event: ProviderEvent) -> ProviderEvent:
         raise InvalidEvent(f"bad provider {event.provider!r}")
     if not event.event_id or len(event.event_id) > EVENT_ID_MAX_CHARS:
         raise InvalidEvent(f"event id must be 1 to {EVENT_ID_MAX_CHARS} characters")
-    if len(event.recipient) > RECIPIENT_MAX_CHARS:
-        raise InvalidEvent(f"recipient longer than {RECIPIENT_MAX_CHARS} characters")
+    problem = unusable(event)
+    if problem is not None:
+        raise InvalidEvent(problem[1])
     if event.occurred_at.tzinfo is None or event.occurred_at.utcoffset() is None:
         raise InvalidEvent("occurred_at must be timezone-aware")
     if event.classification not in EmailEvent.Classification.values:

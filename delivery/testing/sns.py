@@ -2,8 +2,8 @@
 certificate made here, the certificate served from a loopback HTTP server, and envelopes signed
 exactly as SNS signs them (SignatureVersion 1: SHA1withRSA, 2: SHA256withRSA).
 
-The certificate's official-looking URL (`https://sns.us-east-1.amazonaws.com/…pem`) passes the
-webhook's host check; `override` is the `EMAILHUB_SNS_CERT_FETCH_OVERRIDE` entry that makes the
+The certificate's official-looking URL (`https://sns.us-east-1.amazonaws.com/
+SimpleNotificationService-<hex>.pem`) passes the webhook's SigningCertURL rule; `override` is the `EMAILHUB_SNS_CERT_FETCH_OVERRIDE` entry that makes the
 webhook fetch it from this server instead. Used by tests and bench/webhooks.py.
 """
 
@@ -50,6 +50,18 @@ _FIELDS = {
         "Type",
     ),
 }
+
+
+def http_headers(envelope: dict[str, Any]) -> dict[str, str]:
+    """The headers SNS posts an envelope with ("HTTP/HTTPS headers",
+    https://docs.aws.amazon.com/sns/latest/dg/http-header.html): its JSON as text/plain, and the
+    Type again in x-amz-sns-message-type, which the webhook checks against the signed body."""
+    return {
+        "Content-Type": "text/plain; charset=UTF-8",
+        "x-amz-sns-message-type": str(envelope.get("Type", "")),
+        "x-amz-sns-message-id": str(envelope.get("MessageId", "")),
+        "x-amz-sns-topic-arn": str(envelope.get("TopicArn", "")),
+    }
 
 
 def make_certificate(key: rsa.RSAPrivateKey, common_name: str = "sns.amazonaws.com") -> bytes:

@@ -3,14 +3,15 @@
 SNS signing certificates).
 
 Adding a provider's webhook is one module with a `Webhook` subclass (its `name`, its
-`from_settings()`) plus its dotted path in `EMAILHUB_WEBHOOK_CLASSES`; it is then served at
-`POST /api/v1/webhooks/{name}`.
+`from_settings()`, `verify` and a `parse` that fills an `EventBatch`) plus its dotted path in
+`EMAILHUB_WEBHOOK_CLASSES`; it is then served at `POST /api/v1/webhooks/{name}`.
 """
 
 from __future__ import annotations
 
 from delivery.plugins import named_classes
 from delivery.webhooks.base import (
+    EventBatch,
     ForgedWebhook,
     InvalidWebhook,
     Webhook,
@@ -20,6 +21,7 @@ from delivery.webhooks.base import (
 )
 
 __all__ = [
+    "EventBatch",
     "ForgedWebhook",
     "InvalidWebhook",
     "Webhook",

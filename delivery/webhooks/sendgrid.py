@@ -21,11 +21,10 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
-import hashlib
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -35,9 +34,21 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from core.validators import json_storage_problem
 from delivery.models import EmailEvent
-from delivery.services.events import EVENT_ID_MAX_CHARS, RECIPIENT_MAX_CHARS, ProviderEvent, RecordedEvents
+from delivery.services.events import (
+    MAX_JSON_DEPTH,
+    UNSTORABLE,
+    ProviderEvent,
+    RecordedEvents,
+    hashed_event_id,
+    storable_event_id,
+)
 from delivery.webhooks.base import (
+    BAD_RECIPIENT,
+    MISSING_FIELD,
+    NOT_AN_OBJECT,
+    EventBatch,
     ForgedWebhook,
     InvalidWebhook,
     Webhook,
@@ -133,54 +144,60 @@ def verify_signature(
         raise ForgedWebhook("the SendGrid signature does not match this body and timestamp") from exc
 
 
-def parse_events(data: Any, *, received_at: datetime) -> tuple[list[ProviderEvent], int]:
-    """(the events we record, how many were skipped): SendGrid's batch as ProviderEvents, one
-    per event. A body that is not an array of objects is an InvalidWebhook; inside a valid
-    batch, an event type we do not record (processed, account events, a type SendGrid adds
-    later) or an event without a recipient is skipped, so one odd event never makes SendGrid
-    retry the whole batch."""
-    if not isinstance(data, list) or not all(isinstance(item, dict) for item in data):
+def parse_events(data: Any, *, received_at: datetime) -> EventBatch:
+    """SendGrid's batch as ProviderEvents, one per event. A body that is not an array is an
+    InvalidWebhook. Inside it each event stands alone: an event type we do not record
+    (processed, account events, a type SendGrid adds later) is ignored on purpose, and an event
+    we cannot use (not an object, no type, no address, data PostgreSQL cannot store) is skipped,
+    so one odd event never makes SendGrid retry, and after 24 hours drop, the whole batch."""
+    if not isinstance(data, list):
         raise InvalidWebhook("a SendGrid Event Webhook body is a JSON array of event objects")
-    events: list[ProviderEvent] = []
-    skipped = 0
-    for item in data:
-        event = parse_event(item, received_at=received_at)
-        if event is None:
-            skipped += 1
-        else:
-            events.append(event)
-    return events, skipped
+    batch = EventBatch("sendgrid")
+    for number, item in enumerate(data, 1):
+        where = f"event {number} of {len(data)}"
+        if not isinstance(item, dict):
+            batch.skip(NOT_AN_OBJECT, where, f"a {type(item).__name__}, not an event object")
+            continue
+        parse_event(item, received_at=received_at, batch=batch, where=where)
+    return batch
 
 
-def parse_event(item: dict[str, Any], *, received_at: datetime) -> ProviderEvent | None:
-    """One SendGrid event as a ProviderEvent, or None when we do not record it."""
+def parse_event(item: dict[str, Any], *, received_at: datetime, batch: EventBatch, where: str) -> None:
+    """Add one SendGrid event to `batch` as a ProviderEvent, unless we do not record it."""
     name = item.get("event")
-    kind = KINDS.get(name) if isinstance(name, str) else None
+    if not isinstance(name, str):
+        batch.skip(MISSING_FIELD, where, "no event type")
+        return
+    kind = KINDS.get(name)
+    if kind is None:
+        return  # IGNORED, or a type SendGrid added later: not a delivery event of ours
     recipient = item.get("email")
-    if kind is None or not isinstance(recipient, str) or "@" not in recipient:
-        return None
-    recipient = recipient.strip().lower()
-    if len(recipient) > RECIPIENT_MAX_CHARS:
-        return None  # longer than any deliverable address (RFC 5321 §4.5.3.1): no one of ours
-    bounce, detail = _bounce_and_detail(name, item)  # type: ignore[arg-type]
-    return ProviderEvent(
+    if not isinstance(recipient, str) or "@" not in recipient:
+        batch.skip(BAD_RECIPIENT, where, "no email address")
+        return
+    event_id = _event_id(item)
+    if event_id is None:
+        batch.skip(UNSTORABLE, where, "no sg_event_id, and its JSON cannot be read for one")
+        return
+    bounce, detail = _bounce_and_detail(name, item)
+    engagement = kind in (EmailEvent.Kind.OPENED, EmailEvent.Kind.CLICKED)
+    event = ProviderEvent(
         provider="sendgrid",
-        event_id=_event_id(item),
+        event_id=event_id,
         kind=kind,
         occurred_at=_occurred_at(item.get("timestamp"), received_at),
         message_id=_our_id(item.get("emailhub_id")),
-        recipient=recipient,
+        recipient=recipient.strip().lower(),
         bounce=bounce,
         detail=detail,
         payload=item,
         # Opens and clicks are classified by record_events like our own hits; SendGrid marks
         # Apple Mail Privacy Protection's prefetches itself.
-        user_agent=str(item.get("useragent") or "")
-        if kind in (EmailEvent.Kind.OPENED, EmailEvent.Kind.CLICKED)
-        else "",
-        ip=str(item.get("ip") or "") if kind in (EmailEvent.Kind.OPENED, EmailEvent.Kind.CLICKED) else "",
+        user_agent=str(item.get("useragent") or "") if engagement else "",
+        ip=str(item.get("ip") or "") if engagement else "",
         machine_open=kind == EmailEvent.Kind.OPENED and item.get("sg_machine_open") is True,
     )
+    batch.add(event, where)  # an address too long, or data PostgreSQL cannot store: skipped
 
 
 class SendGridWebhook(Webhook):
@@ -225,14 +242,15 @@ class SendGridWebhook(Webhook):
             now=self.clock(),
         )
 
-    def parse(self, request: WebhookRequest) -> Sequence[ProviderEvent]:
-        events, _ = parse_events(request.json(), received_at=datetime.fromtimestamp(self.clock(), UTC))
-        return events
+    def parse(self, request: WebhookRequest) -> EventBatch:
+        return parse_events(request.json(), received_at=datetime.fromtimestamp(self.clock(), UTC))
 
-    def acknowledge(self, request: WebhookRequest, recorded: RecordedEvents | None) -> dict[str, Any]:
-        # parse() kept the events it records; the rest of the batch was skipped on purpose.
-        ignored = len(request.json()) - (recorded.received if recorded else 0)
-        return {**answer(recorded), "ignored": ignored}
+    def acknowledge(
+        self, request: WebhookRequest, recorded: RecordedEvents | None, batch: EventBatch
+    ) -> dict[str, Any]:
+        # What is neither recorded nor skipped was left out on purpose (IGNORED, unknown types).
+        result = answer(recorded, batch)
+        return {**result, "ignored": len(request.json()) - result["received"] - result["skipped"]}
 
 
 def _bounce_and_detail(name: str, item: dict[str, Any]) -> tuple[str, str]:
@@ -264,19 +282,17 @@ def _join(parts: list[str]) -> str:
     return "; ".join(part.strip() for part in parts if part and part.strip())
 
 
-def _event_id(item: dict[str, Any]) -> str:
-    """`sg_event_id`, SendGrid's unique id of this event. Every event carries one; should one
-    not, the digest of the event's canonical JSON still makes a replay of it a duplicate."""
+def _event_id(item: dict[str, Any]) -> str | None:
+    """`sg_event_id`, SendGrid's unique id of this event (hashed when too long to store). Every
+    event carries one; should one not, the digest of the event's canonical JSON still makes a
+    replay of it a duplicate (None when that JSON cannot be written: nested too deep, NaN)."""
     value = item.get("sg_event_id")
     if isinstance(value, str) and value.strip():
-        value = value.strip()
-        # Never cut an id (two sharing a prefix would collide): an absurdly long one is hashed.
-        return value if len(value) <= EVENT_ID_MAX_CHARS else "sha256:" + _sha256(value)
-    return "sha256:" + _sha256(json.dumps(item, sort_keys=True, separators=(",", ":"), ensure_ascii=True))
-
-
-def _sha256(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+        return storable_event_id(value.strip())
+    # Checked first: json.dumps recurses once per level and would run out of stack.
+    if json_storage_problem(item, max_depth=MAX_JSON_DEPTH):
+        return None
+    return hashed_event_id(json.dumps(item, sort_keys=True, separators=(",", ":"), ensure_ascii=True))
 
 
 def _our_id(value: Any) -> int | None:

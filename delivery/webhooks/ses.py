@@ -5,22 +5,28 @@ SES publishes bounces, complaints, deliveries… to an SNS topic (identity notif
 notification to this endpoint as a JSON envelope whose `Message` is the SES event as a string.
 
 What is verified, before anything is acted on (AWS, "Verifying the signatures of Amazon SNS
-messages"):
+messages", https://docs.aws.amazon.com/sns/latest/dg/sns-verify-signature-of-message.html):
 
 - `Type` is Notification, SubscriptionConfirmation or UnsubscribeConfirmation and every field
   the string-to-sign needs is a string;
+- the `x-amz-sns-message-type` header is exactly that `Type`: SNS sends both ("HTTP/HTTPS
+  headers", https://docs.aws.amazon.com/sns/latest/dg/http-header.html), so a request whose
+  header is missing or says otherwise was put together by someone else;
 - `TopicArn` is in `EMAILHUB_SES_SNS_TOPIC_ARNS` (empty refuses everything);
-- `SigningCertURL` is https, on port 443, on a host that is exactly `sns.<region>.amazonaws.com`
-  (or `.amazonaws.com.cn`): a certificate on any other host, an S3 bucket on `amazonaws.com`
-  included, is refused, since anyone can put a certificate there;
+- `SigningCertURL` is, as a whole string, `https://sns.<region>.amazonaws.com[.cn]/
+  SimpleNotificationService-<hex>.pem` (the shape of AWS's own example in "HTTP/HTTPS
+  notification JSON format"), with no port, userinfo, query or fragment: a certificate on any
+  other host, an S3 bucket on `amazonaws.com` included, is anyone's, and any other path on the
+  SNS host (`….txt`, `x.txt?.pem`) is whatever that host answers, not a signing certificate;
 - `Signature` is PKCS#1 v1.5 RSA over the string-to-sign with SHA1 (`SignatureVersion` 1) or
   SHA256 (2), by that certificate's key. The string-to-sign is "key\\nvalue\\n" for, in this
   order: Notification: Message, MessageId, Subject (only when present), Timestamp, TopicArn,
   Type; the two confirmations: Message, MessageId, SubscribeURL, Timestamp, Token, TopicArn, Type.
 
 Certificates are fetched once (per process, and shared through Redis for a day) and only from
-a URL that passed the host check; `EMAILHUB_SNS_CERT_FETCH_OVERRIDE` (tests) redirects that
-fetch to a local server after the check, so the check itself is never relaxed. No timestamp
+a URL that passed that rule; `EMAILHUB_SNS_CERT_FETCH_OVERRIDE` (tests) redirects that fetch to
+a local server after the check, so the check itself is never relaxed (and `check --deploy`
+refuses the setting: delivery.E002). No timestamp
 window: a replayed notification is harmless (events are deduplicated on MessageId:recipient).
 
 A SubscriptionConfirmation is confirmed through the SNS API (`ConfirmSubscription` with the
@@ -38,10 +44,9 @@ import logging
 import re
 import threading
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import urlsplit
 
 import boto3
 import botocore.exceptions
@@ -54,8 +59,11 @@ from django.conf import settings
 
 from delivery.breakers import redis_client
 from delivery.models import EmailEvent
-from delivery.services.events import ProviderEvent
+from delivery.services.events import ProviderEvent, RecordedEvents, storable_event_id
 from delivery.webhooks.base import (
+    BAD_RECIPIENT,
+    MISSING_FIELD,
+    EventBatch,
     ForgedWebhook,
     InvalidWebhook,
     Webhook,
@@ -83,9 +91,24 @@ SIGNED_FIELDS = {
 OPTIONAL_FIELDS = {"Subject"}
 HASHES: dict[str, Callable[[], hashes.HashAlgorithm]] = {"1": hashes.SHA1, "2": hashes.SHA256}
 
-# Exactly the SNS endpoint of a region: `sns.eu-west-1.amazonaws.com`, China's `.com.cn`. Not
-# `*.amazonaws.com`: `s3.amazonaws.com/any-bucket/cert.pem` is anyone's certificate.
-CERT_HOST = re.compile(r"sns\.[a-z]{2}(?:-[a-z]+)+-\d+\.amazonaws\.com(?:\.cn)?")
+# The header in which SNS repeats the message's Type (AWS, "HTTP/HTTPS headers").
+MESSAGE_TYPE_HEADER = "x-amz-sns-message-type"
+
+# The whole SigningCertURL: exactly the SNS endpoint of a region (`sns.eu-west-1.amazonaws.com`,
+# GovCloud's `sns.us-gov-west-1…`, China's `.amazonaws.com.cn`) and the one file name SNS
+# publishes its certificates under, as in AWS's example
+# `https://sns.us-west-2.amazonaws.com/SimpleNotificationService-f3ecfb7224c7233fe7bb5f59f96de52f.pem`
+# ("HTTP/HTTPS notification JSON format",
+# https://docs.aws.amazon.com/sns/latest/dg/http-notification-json.html). Not `*.amazonaws.com`:
+# `s3.amazonaws.com/any-bucket/cert.pem` is anyone's certificate. Not any path on the endpoint:
+# `/SimpleNotificationService-0123.txt` or `/x.txt?.pem` is whatever it answers there. Matched
+# against the whole string (ASCII classes, no `\d`: "١" is a digit too), so userinfo, a port
+# (even `:443`), a query (even an empty `?`), a fragment, a percent-escape or a trailing newline
+# never passes.
+CERT_URL = re.compile(
+    r"https://sns\.[a-z]{2}(?:-[a-z]+)+-[0-9]+\.amazonaws\.com(?:\.cn)?"
+    r"/SimpleNotificationService-[0-9a-fA-F]+\.pem"
+)
 # A PEM certificate is ~2 KiB; refuse to read megabytes from a misbehaving server.
 CERT_MAX_BYTES = 64 * 1024
 CERT_FETCH_TIMEOUT_SECONDS = 5.0
@@ -104,19 +127,11 @@ def string_to_sign(envelope: Mapping[str, Any]) -> bytes:
 
 
 def check_cert_url(url: str) -> None:
-    """Refuse a SigningCertURL that is not AWS's SNS endpoint over https (ForgedWebhook)."""
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError as exc:
-        raise ForgedWebhook(f"SigningCertURL is not a URL: {exc}") from exc
-    if parts.scheme != "https":
-        raise ForgedWebhook("SigningCertURL must be https")
-    if parts.username is not None or parts.password is not None or port not in (None, 443):
-        raise ForgedWebhook("SigningCertURL must not carry credentials or a port")
-    if not CERT_HOST.fullmatch(parts.hostname or ""):
+    """Refuse (ForgedWebhook) a SigningCertURL that is not an SNS certificate file (CERT_URL)."""
+    if not CERT_URL.fullmatch(url):
         raise ForgedWebhook(
-            f"SigningCertURL host {parts.hostname!r} is not sns.<region>.amazonaws.com; refused"
+            f"SigningCertURL {url[:200]!r} is not https://sns.<region>.amazonaws.com[.cn]/"
+            "SimpleNotificationService-<hex>.pem (no port, userinfo, query or fragment); refused"
         )
 
 
@@ -196,13 +211,22 @@ class CertificateStore:
             self._keys.clear()
 
 
-def verify_envelope(envelope: Any, topics: Sequence[str], certificates: CertificateStore) -> None:
-    """Raise ForgedWebhook unless `envelope` is an SNS message signed by SNS for an allowed topic."""
+def verify_envelope(
+    envelope: Any, topics: Sequence[str], certificates: CertificateStore, *, message_type: str | None
+) -> None:
+    """Raise ForgedWebhook unless `envelope` is an SNS message signed by SNS for an allowed topic
+    and `message_type` (the MESSAGE_TYPE_HEADER's value, None when absent) is its Type."""
     if not isinstance(envelope, dict):
         raise ForgedWebhook("not an SNS message (a JSON object was expected)")
     kind = envelope.get("Type")
     if kind not in SIGNED_FIELDS:
         raise ForgedWebhook(f"unknown SNS message Type {kind!r}")
+    if message_type != kind:
+        # SNS always sends both; the signature covers only the body, so a header that disagrees
+        # means someone re-used a signed body in a request of their own.
+        raise ForgedWebhook(
+            f"the {MESSAGE_TYPE_HEADER} header ({message_type!r}) is not the message's Type ({kind!r})"
+        )
     for name in (*SIGNED_FIELDS[kind], "Signature", "SignatureVersion", "SigningCertURL"):
         if name in OPTIONAL_FIELDS and name not in envelope:
             continue
@@ -249,121 +273,127 @@ def _header_message_id(mail: Mapping[str, Any]) -> int | None:
     return None
 
 
-def _recipients(entries: Any) -> Iterator[tuple[str, dict[str, Any]]]:
-    """(address, entry) for SES recipient lists of objects ({emailAddress, …}) or strings."""
-    if not isinstance(entries, list):
-        return
-    for entry in entries:
-        if isinstance(entry, dict) and isinstance(entry.get("emailAddress"), str):
-            yield entry["emailAddress"], entry
-        elif isinstance(entry, str):
-            yield entry, {}
-
-
 def _bare(address: str) -> str:
     """`"Name" <a@b>` → a@b (SES's mail.destination may carry display names)."""
     match = re.search(r"<([^<>]+)>\s*$", address)
     return (match.group(1) if match else address).strip().lower()
 
 
-def ses_events(sns_message_id: str, event: Mapping[str, Any], received_at: datetime) -> list[ProviderEvent]:
-    """The ProviderEvents of one SES event (the SNS Message), one per recipient.
+# The SES events we record: their kind, the object holding their details, and the list of the
+# recipients they concern inside it (None: every address of mail.destination, for events about
+# the message rather than one address).
+RECORDED: dict[str, tuple[str, str, str | None]] = {
+    "Bounce": (Kind.BOUNCED, "bounce", "bouncedRecipients"),
+    "Complaint": (Kind.COMPLAINED, "complaint", "complainedRecipients"),
+    "Delivery": (Kind.DELIVERED, "delivery", "recipients"),
+    "DeliveryDelay": (Kind.DELAYED, "deliveryDelay", "delayedRecipients"),
+    "Reject": (Kind.REJECTED, "reject", None),
+    "Open": (Kind.OPENED, "open", None),
+    "Click": (Kind.CLICKED, "click", None),
+}
 
-    Event ids are `<SNS MessageId>:<recipient>`: SNS gives each notification its own id and one
-    notification may cover several recipients. Send, Rendering Failure, Subscription and test
-    notifications (AmazonSnsSubscriptionSucceeded) have no consequence here and give no event.
+
+def ses_events(
+    sns_message_id: str, event: Mapping[str, Any], received_at: datetime, batch: EventBatch
+) -> None:
+    """Add the ProviderEvents of one SES event (the SNS Message) to `batch`, one per recipient.
+
+    Event ids are `<SNS MessageId>:<recipient>` (hashed when longer than the column, e.g. for a
+    254-character address): SNS gives each notification its own id and one notification may
+    cover several recipients. Send, Rendering Failure, Subscription and test notifications
+    (AmazonSnsSubscriptionSucceeded) have no consequence here and give no event. An event
+    without what it needs is skipped; so is each recipient that is not an address or cannot be
+    stored, and the others are recorded.
     """
+    where = f"SNS message {sns_message_id}"
     kind_name = event.get("eventType") or event.get("notificationType")
-    mail = event.get("mail")
-    if not isinstance(kind_name, str) or not isinstance(mail, dict):
-        return []
+    if not isinstance(kind_name, str):
+        batch.skip(MISSING_FIELD, where, "the SES event has no eventType or notificationType")
+        return
+    if kind_name not in RECORDED:
+        logger.info("SES %s notification %s: nothing to record", kind_name, sns_message_id)
+        return
+    kind, body_name, list_name = RECORDED[kind_name]
+    mail, body = event.get("mail"), event.get(body_name)
+    if not isinstance(mail, dict) or not isinstance(body, dict):
+        missing = "mail" if not isinstance(mail, dict) else body_name
+        batch.skip(MISSING_FIELD, where, f"the SES {kind_name} event has no {missing!r} object")
+        return
+    entries = body.get(list_name) if list_name else mail.get("destination")
+    if not isinstance(entries, list):
+        listed = f"{body_name}.{list_name}" if list_name else "mail.destination"
+        batch.skip(MISSING_FIELD, where, f"the SES {kind_name} event has no {listed} list")
+        return
+
     message_id = _header_message_id(mail)
     provider_message_id = mail.get("messageId") if isinstance(mail.get("messageId"), str) else None
     mail_summary = {k: mail[k] for k in ("messageId", "timestamp", "source", "sourceArn") if k in mail}
-    addresses = mail.get("destination")
-    destination = [d for d in addresses if isinstance(d, str)] if isinstance(addresses, list) else []
+    occurred_at = _time(body.get("timestamp"), _time(mail.get("timestamp"), received_at))
+    # This recipient's part only: a 50-recipient bounce does not store 50 copies of 50, and one
+    # recipient's unstorable entry is not copied into the others' payloads.
+    shared = {k: v for k, v in body.items() if k != list_name and not k.endswith("Recipients")}
+    engagement = kind in (Kind.OPENED, Kind.CLICKED)
 
-    def make(
-        kind: str,
-        recipient: str,
-        body: Mapping[str, Any],
-        entry: Mapping[str, Any],
-        *,
-        bounce: str = "",
-        detail: str = "",
-    ) -> ProviderEvent:
-        address = _bare(recipient)
-        return ProviderEvent(
-            provider="ses",
-            event_id=f"{sns_message_id}:{address}",
-            kind=kind,
-            occurred_at=_time(body.get("timestamp"), _time(mail.get("timestamp"), received_at)),
-            message_id=message_id,
-            provider_message_id=provider_message_id,
-            recipient=address,
-            bounce=bounce,
-            detail=detail,
-            # Open and Click carry who fetched (classified by record_events, like our own hits).
-            user_agent=str(body.get("userAgent") or "") if kind in (Kind.OPENED, Kind.CLICKED) else "",
-            ip=str(body.get("ipAddress") or "") if kind in (Kind.OPENED, Kind.CLICKED) else "",
-            # This recipient's part only: a 50-recipient bounce does not store 50 copies of 50.
-            payload={
-                "eventType": kind_name,
-                "mail": mail_summary,
-                kind_name.lower(): {k: v for k, v in body.items() if not k.endswith("Recipients")},
-                "recipient": dict(entry),
-            },
+    for number, entry in enumerate(entries, 1):
+        place = f"{where} recipient {number} of {len(entries)}"
+        # Recipient lists hold objects ({emailAddress, …}) or, for Delivery, plain strings.
+        if isinstance(entry, dict) and isinstance(entry.get("emailAddress"), str) and list_name:
+            address, details = entry["emailAddress"], entry
+        elif isinstance(entry, str):
+            address, details = entry, {}
+        else:
+            batch.skip(BAD_RECIPIENT, place, "not an address")
+            continue
+        bounce, detail = _bounce_and_detail(kind_name, body, details)
+        recipient = _bare(address)
+        batch.add(
+            ProviderEvent(
+                provider="ses",
+                event_id=storable_event_id(f"{sns_message_id}:{recipient}"),
+                kind=kind,
+                occurred_at=occurred_at,
+                message_id=message_id,
+                provider_message_id=provider_message_id,
+                recipient=recipient,
+                bounce=bounce,
+                detail=detail,
+                # Open and Click carry who fetched (classified by record_events, like our own hits).
+                user_agent=str(body.get("userAgent") or "") if engagement else "",
+                ip=str(body.get("ipAddress") or "") if engagement else "",
+                payload={
+                    "eventType": kind_name,
+                    "mail": mail_summary,
+                    kind_name.lower(): shared,
+                    "recipient": dict(details),
+                },
+            ),
+            place,
         )
 
-    def body_of(name: str) -> dict[str, Any]:
-        body = event.get(name)
-        if not isinstance(body, dict):
-            raise InvalidWebhook(f"SES {kind_name} event without its {name!r} object")
-        return body
 
-    events: list[ProviderEvent] = []
+def _bounce_and_detail(kind_name: str, body: Mapping[str, Any], entry: Mapping[str, Any]) -> tuple[str, str]:
+    """The event's bounce type and its human-readable detail, from the event and the recipient."""
     if kind_name == "Bounce":
-        body = body_of("bounce")
         bounce_type, subtype = str(body.get("bounceType", "")), str(body.get("bounceSubType", ""))
+        diagnostic = entry.get("diagnosticCode") or entry.get("status") or ""
         # Undetermined: SES could not tell. Treated as transient: suppressing on a guess would
         # silence a good address for ever; a real hard bounce will come again.
         bounce = Bounce.PERMANENT if bounce_type == "Permanent" else Bounce.TRANSIENT
-        for address, entry in _recipients(body.get("bouncedRecipients")):
-            diagnostic = entry.get("diagnosticCode") or entry.get("status") or ""
-            detail = f"{bounce_type}/{subtype}" + (f": {diagnostic}" if diagnostic else "")
-            events.append(make(Kind.BOUNCED, address, body, entry, bounce=bounce, detail=detail))
-    elif kind_name == "Complaint":
-        body = body_of("complaint")
-        detail = "/".join(str(body[k]) for k in ("complaintFeedbackType", "complaintSubType") if body.get(k))
-        for address, entry in _recipients(body.get("complainedRecipients")):
-            events.append(make(Kind.COMPLAINED, address, body, entry, detail=detail))
-    elif kind_name == "Delivery":
-        body = body_of("delivery")
-        for address, entry in _recipients(body.get("recipients")):
-            events.append(
-                make(Kind.DELIVERED, address, body, entry, detail=str(body.get("smtpResponse", "")))
-            )
-    elif kind_name == "DeliveryDelay":
-        body = body_of("deliveryDelay")
-        for address, entry in _recipients(body.get("delayedRecipients")):
-            detail = str(body.get("delayType", "")) + (
-                f": {entry['diagnosticCode']}" if entry.get("diagnosticCode") else ""
-            )
-            events.append(make(Kind.DELAYED, address, body, entry, detail=detail))
-    elif kind_name == "Reject":
-        # SES refused to send (a virus, usually): about the message, not the address.
-        body = body_of("reject")
-        for address in destination:
-            events.append(make(Kind.REJECTED, address, body, {}, detail=str(body.get("reason", ""))))
-    elif kind_name in ("Open", "Click"):
-        body = body_of(kind_name.lower())
-        kind = Kind.OPENED if kind_name == "Open" else Kind.CLICKED
-        detail = str(body.get("link", "")) if kind_name == "Click" else ""
-        for address in destination:
-            events.append(make(kind, address, body, {}, detail=detail))
-    else:
-        logger.info("SES %s notification %s: nothing to record", kind_name, sns_message_id)
-    return events
+        return bounce, f"{bounce_type}/{subtype}" + (f": {diagnostic}" if diagnostic else "")
+    if kind_name == "Complaint":
+        return Bounce.NONE, "/".join(
+            str(body[k]) for k in ("complaintFeedbackType", "complaintSubType") if body.get(k)
+        )
+    if kind_name == "Delivery":
+        return Bounce.NONE, str(body.get("smtpResponse", ""))
+    if kind_name == "DeliveryDelay":
+        diagnostic = entry.get("diagnosticCode")
+        return Bounce.NONE, str(body.get("delayType", "")) + (f": {diagnostic}" if diagnostic else "")
+    if kind_name == "Reject":  # SES refused to send (a virus, usually): about the message, not the address
+        return Bounce.NONE, str(body.get("reason", ""))
+    if kind_name == "Click":
+        return Bounce.NONE, str(body.get("link", ""))
+    return Bounce.NONE, ""
 
 
 class SESWebhook(Webhook):
@@ -388,21 +418,28 @@ class SESWebhook(Webhook):
             envelope = request.json()
         except InvalidWebhook as exc:  # unsigned garbage is a forgery, not an SES event
             raise ForgedWebhook(str(exc.detail)) from exc
-        verify_envelope(envelope, self.topics, self.certificates)
+        verify_envelope(
+            envelope, self.topics, self.certificates, message_type=request.headers.get(MESSAGE_TYPE_HEADER)
+        )
 
-    def parse(self, request: WebhookRequest) -> Sequence[ProviderEvent]:
+    def parse(self, request: WebhookRequest) -> EventBatch:
         envelope = request.json()
+        batch = EventBatch(self.name)
         if envelope["Type"] != NOTIFICATION:
-            return []
-        # As strict as the envelope: a NaN, a NUL or deep nesting inside Message would otherwise
-        # pass the signature check and fail at the jsonb INSERT (a 500, and SNS retrying it).
+            return batch
+        # A Message that is not JSON or not an object holds no event at all: a 400. What one
+        # recipient's part cannot store (a NaN, a NUL, deep nesting) is found per recipient, so
+        # it costs that recipient only.
         event = decode_json(envelope["Message"], "the SNS Message")
         if not isinstance(event, dict):
             raise InvalidWebhook("the SNS Message is not an SES event (a JSON object expected)")
         received_at = _time(envelope["Timestamp"], datetime.now(UTC))
-        return ses_events(envelope["MessageId"], event, received_at)
+        ses_events(envelope["MessageId"], event, received_at, batch)
+        return batch
 
-    def acknowledge(self, request: WebhookRequest, recorded: Any) -> dict[str, Any]:
+    def acknowledge(
+        self, request: WebhookRequest, recorded: RecordedEvents | None, batch: EventBatch
+    ) -> dict[str, Any]:
         envelope = request.json()
         if envelope["Type"] == SUBSCRIBE:
             return {"confirmed": self.confirm(envelope["TopicArn"], envelope["Token"])}
@@ -412,7 +449,7 @@ class SESWebhook(Webhook):
                 envelope["TopicArn"],
             )
             return {"unsubscribed": envelope["TopicArn"]}
-        return answer(recorded)
+        return answer(recorded, batch)
 
     def confirm(self, topic_arn: str, token: str) -> str:
         """ConfirmSubscription through the SNS API of the topic's region; the subscription ARN."""

@@ -54,9 +54,14 @@ class WebhookView(APIView):
         },
         responses={
             200: OpenApiResponse(
-                WebhookResultSerializer, description="events received: counts of new and duplicate events"
+                WebhookResultSerializer,
+                description="events received: counts of new and duplicate events, and of those "
+                "skipped because they cannot be used (the others are recorded)",
             ),
-            400: OpenApiResponse(description="forged (signature, certificate, topic) or unreadable"),
+            400: OpenApiResponse(
+                description="forged (signature, certificate URL, topic, SNS message-type header) "
+                "or unreadable as a whole (not JSON, not the provider's array or object)"
+            ),
             404: OpenApiResponse(description="no webhook for this provider"),
             413: OpenApiResponse(description="body beyond EMAILHUB_WEBHOOK_MAX_BODY_BYTES"),
             503: OpenApiResponse(
