@@ -17,18 +17,18 @@ A source that fails (the database down) is left out and `emailhub_scrape_source_
 so: the scrape itself still answers 200 with everything else.
 
 Access: an address in EMAILHUB_METRICS_ALLOW (default loopback) or the bearer token
-EMAILHUB_METRICS_TOKEN; anyone else gets a 403 with an empty body.
+EMAILHUB_METRICS_TOKEN; anyone else gets a 403 with an empty body. The address is the client's
+(core/client_ip.py): behind a proxy in EMAILHUB_TRUSTED_PROXIES, the one it forwarded, so a proxy
+on loopback does not open /metrics to everyone it serves.
 """
 
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import logging
 import os
 import time
 from collections.abc import Iterator
-from functools import lru_cache
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
@@ -38,6 +38,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
+from core import client_ip
 from core.metrics_dir import MULTIPROC_ENV
 from delivery.selectors import provider_health
 from scheduling.selectors import queue_snapshot
@@ -103,22 +104,12 @@ class SharedStateCollector(Collector):
         yield up
 
 
-@lru_cache(maxsize=8)
-def _networks(allowed: tuple[str, ...]) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
-    return tuple(ipaddress.ip_network(n, strict=False) for n in allowed)
-
-
 def allowed(request: HttpRequest) -> bool:
-    """The client's address is allowed, or it carries the metrics token."""
-    try:
-        address = ipaddress.ip_address(request.META.get("REMOTE_ADDR", ""))
-    except ValueError:
-        address = None
-    if address is not None:
-        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
-            address = address.ipv4_mapped
-        if any(address in network for network in _networks(tuple(settings.EMAILHUB_METRICS_ALLOW))):
-            return True
+    """The client's address (behind a trusted proxy, the one it forwarded) is allowed, or the
+    request carries the metrics token."""
+    address = client_ip.parse_address(client_ip.request_client_address(request))
+    if address is not None and address in client_ip.networks(settings.EMAILHUB_METRICS_ALLOW):
+        return True
     token = settings.EMAILHUB_METRICS_TOKEN
     header = request.META.get("HTTP_AUTHORIZATION", "")
     if token and header.startswith("Bearer "):

@@ -36,6 +36,12 @@ if HTTPS:
     SECURE_HSTS_SECONDS = env_int("EMAILHUB_HSTS_SECONDS", 31_536_000, minimum=0)
     SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("EMAILHUB_HSTS_INCLUDE_SUBDOMAINS", False)
 
+# The reverse proxies (nginx, a load balancer) whose X-Forwarded-For is believed, as CIDRs; empty
+# by default, so the client address is the socket's peer. From a peer in them the header is read
+# right to left past every trusted hop (core/client_ip.py): the tracking hits' IP, django-axes'
+# lockout and the /metrics allow-list then see the client, not the proxy.
+EMAILHUB_TRUSTED_PROXIES = env_networks("EMAILHUB_TRUSTED_PROXIES", [])
+
 INSTALLED_APPS = [
     "django.contrib.admin",
     "django.contrib.auth",
@@ -90,6 +96,8 @@ AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 AXES_ENABLE_ADMIN = False  # core/admin.py registers its tables read-only instead
 AXES_LOCKOUT_TEMPLATE = "admin/lockout.html"  # the admin's frame, answered with a 429
+# The address of the pair: the client behind EMAILHUB_TRUSTED_PROXIES, else the socket's peer.
+AXES_CLIENT_IP_CALLABLE = "core.client_ip.request_client_address"
 
 ROOT_URLCONF = "emailhub.urls"
 WSGI_APPLICATION = "emailhub.wsgi.application"
@@ -317,7 +325,8 @@ EMAILHUB_THROTTLE_MAX_SECONDS = env_float("EMAILHUB_THROTTLE_MAX_SECONDS", 3600.
 
 # GET /metrics answers a client whose address is in EMAILHUB_METRICS_ALLOW (CIDRs; `none` for
 # no address) or that sends `Authorization: Bearer <EMAILHUB_METRICS_TOKEN>` (when set); anyone
-# else gets a bare 403. Behind a reverse proxy the address is the proxy's: use the token.
+# else gets a bare 403. The address is the client's behind EMAILHUB_TRUSTED_PROXIES, so a proxy
+# on loopback does not open /metrics to everyone it forwards.
 EMAILHUB_METRICS_TOKEN = env_str("EMAILHUB_METRICS_TOKEN", "")
 EMAILHUB_METRICS_ALLOW = env_networks("EMAILHUB_METRICS_ALLOW", ["127.0.0.0/8", "::1/128"])
 # Each of /readyz's checks (PostgreSQL, Redis, the broker) gets this long; they run at once.

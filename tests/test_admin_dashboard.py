@@ -224,6 +224,39 @@ def test_the_sixth_wrong_password_locks_the_user_out_until_the_cool_off(
     assert _login(client, "right-horse-battery") == 302
 
 
+def _login_via(client: Client, password: str, *, peer: str, forwarded_for: str) -> int:
+    response = client.post(
+        "/admin/login/?next=/admin/",
+        {"username": "operator", "password": password, "next": "/admin/"},
+        REMOTE_ADDR=peer,
+        HTTP_X_FORWARDED_FOR=forwarded_for,
+    )
+    return response.status_code
+
+
+def test_behind_a_trusted_proxy_failures_lock_the_forwarded_client_not_the_proxy(
+    client: Client, django_user_model: type[User], settings: Any
+) -> None:
+    settings.EMAILHUB_TRUSTED_PROXIES = ["10.0.0.0/8"]
+    django_user_model.objects.create_user("operator", password="right-horse-battery", is_staff=True)
+    for _ in range(5):  # one guesser, through our proxy 10.0.0.7
+        _login_via(client, "wrong", peer="10.0.0.7", forwarded_for="198.51.100.1")
+    assert _login_via(client, "right-horse-battery", peer="10.0.0.7", forwarded_for="198.51.100.1") == 429
+    # The operator, through the same proxy, from another address: not locked out.
+    assert _login_via(client, "right-horse-battery", peer="10.0.0.7", forwarded_for="198.51.100.2") == 302
+    client.logout()
+    # A peer we do not trust cannot pose as the operator's address (nor dodge its own lock).
+    for _ in range(5):
+        _login_via(client, "wrong", peer="203.0.113.5", forwarded_for="198.51.100.2")
+    assert _login_via(client, "right-horse-battery", peer="203.0.113.5", forwarded_for="198.51.100.9") == 429
+    assert _login_via(client, "right-horse-battery", peer="10.0.0.7", forwarded_for="198.51.100.2") == 302
+    # Each pair: five wrong passwords and the refused right one.
+    assert sorted(AccessAttempt.objects.values_list("ip_address", "failures_since_start")) == [
+        ("198.51.100.1", 6),
+        ("203.0.113.5", 6),
+    ]
+
+
 def test_axes_tables_are_read_only_in_the_admin(
     admin_client: Client, client: Client, django_user_model: type[User]
 ) -> None:

@@ -65,6 +65,21 @@ def test_metrics_allowed_from_loopback_by_default_and_refused_elsewhere(client: 
     assert client.get("/metrics", REMOTE_ADDR="203.0.113.9", HTTP_AUTHORIZATION="Bearer ").status_code == 403
 
 
+@pytest.mark.django_db
+@override_settings(EMAILHUB_TRUSTED_PROXIES=["127.0.0.1/32"])
+def test_behind_a_trusted_proxy_the_allow_list_decides_on_the_forwarded_client(client: Client) -> None:
+    # The proxy is on loopback, like the default allow-list: its clients are not.
+    refused = client.get("/metrics", REMOTE_ADDR="127.0.0.1", HTTP_X_FORWARDED_FOR="203.0.113.9")
+    assert refused.status_code == 403 and refused.content == b""
+    assert client.get("/metrics", REMOTE_ADDR="127.0.0.1").status_code == 200  # a scraper beside it
+    with override_settings(EMAILHUB_METRICS_ALLOW=["203.0.113.0/24"]):
+        forwarded = client.get("/metrics", REMOTE_ADDR="127.0.0.1", HTTP_X_FORWARDED_FOR="203.0.113.9")
+        assert forwarded.status_code == 200
+        # The same header from a peer we do not trust is the client's own claim: ignored.
+        spoofed = client.get("/metrics", REMOTE_ADDR="198.51.100.3", HTTP_X_FORWARDED_FOR="203.0.113.9")
+        assert spoofed.status_code == 403
+
+
 def test_metrics_allow_list_setting_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EMAILHUB_METRICS_ALLOW", "10.0.0.0/8, 192.168.1.7")
     assert env_networks("EMAILHUB_METRICS_ALLOW", []) == ["10.0.0.0/8", "192.168.1.7/32"]

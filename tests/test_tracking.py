@@ -115,6 +115,25 @@ def test_pixel_still_answers_when_redis_is_down(settings) -> None:  # noqa: ANN0
     breakers.reset_process_state()
 
 
+def test_views_record_the_forwarded_client_of_a_trusted_proxy_only(redis, settings) -> None:  # noqa: ANN001
+    settings.EMAILHUB_TRUSTED_PROXIES = ["10.0.0.0/8"]
+    message = sent_message()
+    pixel, link = f"/t/o/{open_token(message.pk)}", f"/t/c/{click_token(message.pk, 0, 'https://a.example/')}"
+    client = Client()
+    for path, agent, peer, forwarded_for in [
+        (pixel, "Mozilla/5.0", "10.0.0.1", "17.58.1.2"),
+        (pixel, "Mozilla/5.0", "203.0.113.9", "17.58.1.2"),
+        (link, BROWSER, "10.0.0.1", "17.1.1.1, 198.51.100.7"),
+    ]:
+        client.get(path, HTTP_USER_AGENT=agent, REMOTE_ADDR=peer, HTTP_X_FORWARDED_FOR=forwarded_for)
+    assert drain_hits().hits == 3
+    assert sorted(EmailEvent.objects.values_list("kind", "payload__ip", "classification")) == [
+        ("clicked", "198.51.100.7", HUMAN),
+        ("opened", "17.58.1.2", MACHINE),  # Apple's proxy, as our proxy forwarded it
+        ("opened", "203.0.113.9", BOT),  # the header from a peer we do not trust is ignored
+    ]
+
+
 # --- the queue, in batches ----------------------------------------------------------------------
 
 

@@ -23,6 +23,7 @@ from delivery.tracking.tokens import click_token, open_token
 pytestmark = pytest.mark.django_db(transaction=True)
 
 BROWSER = "Mozilla/5.0 (Macintosh; Intel Mac OS X 10_15_7) AppleWebKit/605.1.15 (KHTML, like Gecko)"
+APPLE_MPP = "Mozilla/5.0"  # Mail Privacy Protection's bare user agent (delivery/tracking/classify.py)
 # Headers that legitimately differ between two answers (the server's, and the clock's).
 VARYING = {"date", "server", "connection"}
 
@@ -164,6 +165,56 @@ def test_pixel_and_click_through_gunicorn_with_the_fast_path(stack, web_port: in
     ]
     assert drain_hits().hits == 3
     assert sorted(EmailEvent.objects.values_list("kind", flat=True)) == ["clicked", "clicked", "opened"]
+
+
+def hit(port: int, path: str, forwarded_for: list[str], *, source: str = "127.0.0.1") -> int:
+    """One GET from `source` (any 127.0.0.0/8 address reaches the server on Linux's loopback),
+    with each X-Forwarded-For header sent separately, as a chain of proxies may send them."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10, source_address=(source, 0))
+    try:
+        conn.putrequest("GET", path)
+        conn.putheader("User-Agent", APPLE_MPP)
+        for value in forwarded_for:
+            conn.putheader("X-Forwarded-For", value)
+        conn.endheaders()
+        response = conn.getresponse()
+        response.read()
+        return response.status
+    finally:
+        conn.close()
+
+
+def test_behind_a_trusted_proxy_the_fast_path_records_the_forwarded_client(stack, web_port: int) -> None:  # noqa: ANN001
+    # The proxy is 127.0.0.1 (trusted); 127.0.0.2 is a client reaching gunicorn directly.
+    stack.start_web(
+        web_port,
+        workers=1,
+        extra_env={"EMAILHUB_SECRET_KEY": settings.SECRET_KEY, "EMAILHUB_TRUSTED_PROXIES": "127.0.0.1"},
+    )
+    pixel = f"/t/o/{open_token(5)}"
+    url = "https://shop.example.com/spring"
+    assert hit(web_port, pixel, ["17.58.1.2"]) == 200  # Apple's proxy, forwarded by ours
+    assert hit(web_port, pixel, ["17.58.1.2"], source="127.0.0.2") == 200  # the same header, spoofed
+    # Two headers: joined in order, the rightmost (written by our proxy) is the client.
+    assert hit(web_port, pixel, ["198.51.100.7", "17.58.1.3"]) == 200
+    # A client's own X-Forwarded-For left of what our proxy appended is not believed.
+    assert hit(web_port, f"/t/c/{click_token(5, 0, url)}", ["17.58.1.4, 198.51.100.8"]) == 302
+    assert [json.loads(raw)[6] for raw in stack_queue()] == [
+        "17.58.1.2",
+        "127.0.0.2",
+        "17.58.1.3",
+        "198.51.100.8",
+    ]
+    assert drain_hits().hits == 4
+    recorded = EmailEvent.objects.values_list("kind", "payload__ip", "classification")
+    assert sorted(recorded) == sorted(
+        [
+            ("opened", "17.58.1.2", "machine"),  # Apple Mail Privacy Protection, not a person
+            ("opened", "127.0.0.2", "bot"),  # a bare Mozilla/5.0 from outside Apple
+            ("opened", "17.58.1.3", "machine"),
+            ("clicked", "198.51.100.8", "bot"),
+        ]
+    )
 
 
 def stack_queue() -> list[bytes]:

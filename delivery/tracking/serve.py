@@ -26,6 +26,7 @@ from django.http.request import split_domain_port, validate_host
 from django.utils.encoding import iri_to_uri
 
 from core import metrics
+from core.client_ip import NetworkSet, client_address, networks
 from delivery.tracking import hits
 from delivery.tracking.tokens import InvalidToken, read_click_token, read_open_token
 
@@ -105,6 +106,7 @@ class TrackingFastPath:
         self._redirect_headers: list[tuple[str, str]] = []
         self._allowed_hosts: list[str] = []
         self._ssl_redirect = False
+        self._trusted = NetworkSet(())
 
     def _prepare(self) -> None:
         common = _security_headers()
@@ -124,6 +126,7 @@ class TrackingFastPath:
         if settings.DEBUG and not self._allowed_hosts:  # Django's own DEBUG default
             self._allowed_hosts = [".localhost", "127.0.0.1", "[::1]"]
         self._ssl_redirect = bool(settings.SECURE_SSL_REDIRECT)  # Django's redirect to https
+        self._trusted = networks(settings.EMAILHUB_TRUSTED_PROXIES)
         self._ready = True
 
     def _host_allowed(self, environ: dict[str, Any]) -> bool:
@@ -142,9 +145,12 @@ class TrackingFastPath:
             self._prepare()
         if self._ssl_redirect or not self._host_allowed(environ):
             return self.app(environ, start_response)
-        # REMOTE_ADDR: behind a reverse proxy, configure it to pass the client address there
-        # (gunicorn --forwarded-allow-ips); a client-supplied X-Forwarded-For is not trusted.
-        agent, ip = environ.get("HTTP_USER_AGENT", ""), environ.get("REMOTE_ADDR", "")
+        # The socket's peer, or behind EMAILHUB_TRUSTED_PROXIES the client it forwarded: the
+        # Apple-range rule of classify.py needs the reader's side, not our proxy's.
+        ip = client_address(
+            environ.get("REMOTE_ADDR", ""), environ.get("HTTP_X_FORWARDED_FOR", ""), self._trusted
+        )
+        agent = environ.get("HTTP_USER_AGENT", "")
         if path.startswith(OPEN_PREFIX):
             open_hit(token, agent, ip)
             start_response("200 OK", self._pixel_headers)

@@ -16,13 +16,13 @@ from __future__ import annotations
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.views.decorators.http import require_GET
 
+from core.client_ip import request_client_address
 from delivery.tracking.serve import NO_STORE, PIXEL, click_hit, open_hit
 
 
 def _client(request: HttpRequest) -> tuple[str, str]:
-    # REMOTE_ADDR: behind a reverse proxy, configure it to pass the client address there
-    # (gunicorn --forwarded-allow-ips); a client-supplied X-Forwarded-For is not trusted.
-    return request.META.get("HTTP_USER_AGENT", ""), request.META.get("REMOTE_ADDR", "")
+    # The address: the socket's peer, or behind EMAILHUB_TRUSTED_PROXIES the client's.
+    return request.META.get("HTTP_USER_AGENT", ""), request_client_address(request)
 
 
 @require_GET
