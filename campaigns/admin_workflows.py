@@ -254,8 +254,12 @@ class WallDateTimeField(forms.DateTimeField):
 class ScheduleForm(forms.Form):
     """The API's schedule body as a form. Every rule is the API's: ScheduleSerializer checks it."""
 
+    # No initial type: with "immediate" preselected, an operator who filled in the `at` date and
+    # forgot the radio sent the campaign at once (issue 18, item 16).
     type = forms.ChoiceField(
-        choices=Campaign.ScheduleType.choices, widget=forms.RadioSelect, initial="immediate"
+        choices=Campaign.ScheduleType.choices,
+        widget=forms.RadioSelect,
+        error_messages={"required": "choose when to send: immediate, at, local_time or optimized"},
     )
     scheduled_at = WallDateTimeField(required=False, label="at (date and time)", help_text="type at")
     zone = forms.ChoiceField(
@@ -264,10 +268,14 @@ class ScheduleForm(forms.Form):
         help_text="the zone 'at' and the window start are read in; the page shows the UTC instant",
     )
     local_date = forms.DateField(
-        required=False, widget=forms.DateInput(attrs={"type": "date"}), help_text="type local_time"
+        required=False,
+        label="local date",
+        widget=forms.DateInput(attrs={"type": "date"}),
+        help_text="type local_time",
     )
     local_time = forms.TimeField(
         required=False,
+        label="local time",
         widget=forms.TimeInput(attrs={"type": "time"}, format="%H:%M"),
         help_text="type local_time: the wall time in each recipient's own timezone",
     )
@@ -277,7 +285,9 @@ class ScheduleForm(forms.Form):
         required=False,
         help_text="type local_time: recipients for whom that time has passed",
     )
-    window_start = WallDateTimeField(required=False, help_text="type optimized: empty means now")
+    window_start = WallDateTimeField(
+        required=False, label="window start", help_text="type optimized: empty means now"
+    )
     window_hours = forms.IntegerField(
         required=False, initial=lifecycle.DEFAULT_WINDOW_HOURS, help_text="type optimized: 1 to 168"
     )
@@ -296,6 +306,10 @@ class ScheduleForm(forms.Form):
         Campaign.ScheduleType.LOCAL_TIME: ("local_date", "local_time", "past_time_policy"),
         Campaign.ScheduleType.OPTIMIZED: ("window_start", "window_hours", "holdout_percent"),
     }
+    # The fields that say *when*. One filled in for a type that does not use it is refused: the
+    # operator meant a moment the chosen type would ignore. The number and policy fields carry
+    # defaults, so a value there for another type is simply not sent.
+    MOMENT_FIELDS = ("scheduled_at", "local_date", "local_time", "window_start")
 
     def clean(self) -> dict[str, Any]:
         super().clean()
@@ -303,12 +317,18 @@ class ScheduleForm(forms.Form):
         kind = data.get("type")
         if kind is None:
             return data
-        # A leftover in another type's field (a half-typed date) does not block this type.
         ignored = {name for fields in self.TYPE_FIELDS.values() for name in fields} - set(
             self.TYPE_FIELDS[kind]
         )
         for name in ignored & set(self.errors):
-            del self.errors[name]
+            del self.errors[name]  # an unparseable value is refused below only if it is a moment
+        for name in self.MOMENT_FIELDS:
+            if name in ignored and str(self[name].data or "").strip():
+                self.add_error(
+                    name,
+                    f"filled in, but type '{kind}' does not use {self.fields[name].label}: clear it, "
+                    "or choose the type that does",
+                )
         if self.errors:
             return data
         zone = ZoneInfo(data.get("zone") or "UTC")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from datetime import datetime, time, timedelta
 from zoneinfo import ZoneInfo
 
@@ -205,14 +206,10 @@ def test_each_schedule_type_from_the_admin_leaves_the_campaign_as_the_same_api_c
         theirs.refresh_from_db()
         assert [getattr(ours, f) for f in SCHEDULE_FIELDS] == [getattr(theirs, f) for f in SCHEDULE_FIELDS]
         assert ours.schedule_type == form_data["type"]
-    # A half-typed date left in another type's field does not block the type chosen.
+    # A bad value in another type's number field does not block the type chosen (a date or
+    # time there does: test_a_filled_date_or_time_the_chosen_type_ignores_is_refused_by_name).
     leftover = twin(draft)
-    form = {
-        **open_form(admin_client, leftover),
-        "type": "immediate",
-        "scheduled_at": "2030-13-45",
-        "window_hours": "x",
-    }
+    form = {**open_form(admin_client, leftover), "type": "immediate", "window_hours": "x"}
     assert admin_client.post(schedule_url(leftover), form).status_code == 302
     assert Campaign.objects.get(pk=leftover.pk).status == "sending"
     at = Campaign.objects.filter(schedule_type="at").first()
@@ -246,6 +243,60 @@ def test_a_bad_schedule_is_an_error_on_its_field_and_changes_nothing(
     assert response.status_code == 200
     errors = field_errors(response)
     assert says in " ".join(errors.get(field, [])), errors
+    draft.refresh_from_db()
+    assert (draft.status, draft.scheduled_at, draft.local_date) == ("draft", None, None)
+    assert not OutboxEvent.objects.exists()
+
+
+def test_the_schedule_form_offers_no_type_until_one_is_chosen_and_refuses_a_post_without_one(
+    admin_client: Client, draft: Campaign
+) -> None:
+    page = admin_client.get(schedule_url(draft))
+    html = page.content.decode()
+    radios = re.findall(r'<input type="radio" name="type"[^>]*>', html)
+    assert len(radios) == 4 and not [r for r in radios if "checked" in r], radios
+    # An `at` date filled in, the type forgotten: refused, not sent at once.
+    tomorrow = (timezone.now() + timedelta(days=1)).strftime("%Y-%m-%dT%H:%M")
+    response = admin_client.post(
+        schedule_url(draft), {**open_form(admin_client, draft), "scheduled_at": tomorrow}
+    )
+    assert response.status_code == 200
+    assert field_errors(response) == {"type": ["choose when to send: immediate, at, local_time or optimized"]}
+    assert "choose when to send" in response.content.decode()
+    draft.refresh_from_db()
+    assert (draft.status, draft.scheduled_at) == ("draft", None) and not OutboxEvent.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("data", "named"),
+    [
+        ({"type": "immediate", "scheduled_at": "2099-01-01T10:00"}, {"scheduled_at": "at (date and time)"}),
+        ({"type": "immediate", "scheduled_at": "2030-13-45"}, {"scheduled_at": "at (date and time)"}),
+        (
+            {"type": "at", "scheduled_at": "2099-01-01T10:00", "local_date": "2099-01-01", "local_time": "09:00"},
+            {"local_date": "local date", "local_time": "local time"},
+        ),
+        (
+            {"type": "local_time", "local_date": "2099-01-01", "local_time": "09:00",
+             "window_start": "2099-01-01T08:00"},
+            {"window_start": "window start"},
+        ),
+        ({"type": "optimized", "scheduled_at": "2099-01-01T10:00"}, {"scheduled_at": "at (date and time)"}),
+    ],
+    ids=["immediate-with-at", "immediate-with-a-bad-at", "at-with-local", "local-with-window", "optimized-with-at"],
+)  # fmt: skip
+def test_a_filled_date_or_time_the_chosen_type_ignores_is_refused_by_name(
+    admin_client: Client, draft: Campaign, data: dict, named: dict[str, str]
+) -> None:
+    response = admin_client.post(schedule_url(draft), {**open_form(admin_client, draft), **data})
+    assert response.status_code == 200
+    errors = field_errors(response)
+    assert set(errors) == set(named), errors
+    for name, label in named.items():
+        (error,) = errors[name]
+        assert error == (
+            f"filled in, but type '{data['type']}' does not use {label}: clear it, or choose the type that does"
+        )
     draft.refresh_from_db()
     assert (draft.status, draft.scheduled_at, draft.local_date) == ("draft", None, None)
     assert not OutboxEvent.objects.exists()

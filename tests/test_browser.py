@@ -429,8 +429,14 @@ def test_operator_imports_previews_test_sends_and_runs_a_campaign_to_100_percent
     page.click("#campaign-schedule-link")
     expect(page.locator("#id_zone")).to_have_value(OPERATOR_ZONE)
     wall = datetime.now(ZoneInfo(OPERATOR_ZONE)).replace(second=0, microsecond=0)
-    page.check("#id_type_1")  # at
+    # No type is chosen for the operator: the date alone is refused, not sent at once.
+    expect(page.locator("#schedule-form input[name=type]:checked")).to_have_count(0)
     page.fill("#id_scheduled_at", wall.strftime("%Y-%m-%dT%H:%M"))
+    page.click("#schedule-submit")
+    expect(page.locator("#schedule-form .field-type .errorlist")).to_contain_text("choose when to send")
+    campaign.refresh_from_db()
+    assert campaign.status == "draft"
+    page.check("#id_type_1")  # at
     shot(page, deployed, "schedule-form")
     page.click("#schedule-submit")
     expect(page.locator("#campaign-progress")).to_have_attribute(
