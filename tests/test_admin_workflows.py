@@ -9,7 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import re
-from datetime import datetime, time, timedelta
+from datetime import date, datetime, time, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -21,10 +21,13 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from campaigns import lifecycle
+from campaigns.exceptions import CampaignStateError
+from campaigns.fanout import fan_out
 from campaigns.import_jobs import run_import_job
 from campaigns.models import Campaign, Contact, ContactList, ImportChunk, ImportJob, ListMembership, Template
 from core.localtime import localize
 from core.models import OutboxEvent
+from core.operator_zone import TIMEZONE_COOKIE
 from delivery.models import EmailEvent, Message
 from delivery.services.sending import send_messages
 from delivery.services.test_sends import TEST_SEND_FLAG
@@ -369,6 +372,95 @@ def test_pause_resume_and_cancel_buttons_on_the_campaign_page_go_through_the_lif
     )
     unknown = reverse("admin:campaigns_campaign_button", args=[draft.pk, "delete"])
     assert admin_client.post(unknown).status_code == 404
+
+
+def test_a_campaign_page_shows_its_counters_in_the_progress_summary_and_no_internal_field(
+    admin_client: Client, draft: Campaign
+) -> None:
+    Campaign.objects.filter(pk=draft.pk).update(
+        status="sending", started_at=timezone.now(), fanout_done=True, fanout_cursor=812, total_count=20,
+        excluded_count=3, sent_count=10, failed_count=2, suppressed_count=1, cancelled_count=1,
+        bounced_count=4, complained_count=1, unsubscribed_count=2,
+    )  # fmt: skip
+    page = admin_client.get(reverse("admin:campaigns_campaign_change", args=[draft.pk])).content.decode()
+    summary = page.split('id="campaign-progress"', 1)[1].split("</div>", 1)[0]
+    for counter, value in (
+        ("total", 20), ("excluded", 3), ("sent", 10), ("failed", 2), ("suppressed", 1), ("cancelled", 1),
+        ("unfinished", 6), ("bounced", 4), ("complained", 1), ("unsubscribed", 2),
+    ):  # fmt: skip
+        assert f'<dd id="campaign-{counter}">{value}' in summary, counter
+    # The failed ones link to their list, where the retry action is.
+    failed_url = (
+        reverse("admin:delivery_message_changelist") + f"?campaign={draft.pk}&amp;status__exact=failed"
+    )
+    assert f'href="{failed_url}"' in summary
+    # Workers' bookkeeping is not on the page, and no counter is a field of its own.
+    for internal in ("fanout_cursor", "fanout_done", "updated_at", "status", *(f"{c}_count" for c in (
+        "total", "excluded", "sent", "failed", "suppressed", "cancelled", "bounced", "complained", "unsubscribed",
+    ))):  # fmt: skip
+        assert f"field-{internal}" not in page, internal
+    assert "812" not in page
+    # A started immediate campaign shows its schedule type and no other type's fields.
+    assert (
+        "field-schedule_type" in page and "field-local_date" not in page and "field-window_start" not in page
+    )
+
+
+def test_a_campaign_page_offers_delete_only_where_the_lifecycle_would_delete(
+    admin_client: Client, draft: Campaign
+) -> None:
+    change = reverse("admin:campaigns_campaign_change", args=[draft.pk])
+    assert 'class="deletelink"' in admin_client.get(change).content.decode()
+    Message.objects.create(to_email="ann@example.com", priority="normal", campaign=draft, status="cancelled")
+    assert 'class="deletelink"' not in admin_client.get(change).content.decode()  # a draft with messages
+    with pytest.raises(CampaignStateError):
+        lifecycle.delete_draft(draft.pk)
+    started = twin(draft)
+    lifecycle.schedule(started.pk, "immediate")
+    assert (
+        'class="deletelink"'
+        not in admin_client.get(
+            reverse("admin:campaigns_campaign_change", args=[started.pk])
+        ).content.decode()
+    )
+    # A finished one offers what can be done with it instead: archive.
+    lifecycle.cancel(started.pk)
+    page = admin_client.get(reverse("admin:campaigns_campaign_change", args=[started.pk])).content.decode()
+    assert 'class="deletelink"' not in page and 'id="campaign-archive"' in page
+    admin_client.post(reverse("admin:campaigns_campaign_button", args=[started.pk, "archive"]))
+    assert Campaign.objects.get(pk=started.pk).archived_at is not None
+    assert (
+        'id="campaign-archive"'
+        not in admin_client.get(
+            reverse("admin:campaigns_campaign_change", args=[started.pk])
+        ).content.decode()
+    )
+
+
+def test_a_campaign_waiting_for_its_first_due_instant_says_when_it_sends_next(
+    admin_client: Client, draft: Campaign
+) -> None:
+    paris = Contact.objects.create(email="ann@example.com", timezone="Europe/Paris")
+    ListMembership.objects.create(contact_list=draft.contact_list, contact=paris)
+    lifecycle.schedule(draft.pk, "local_time", local_date=date(2031, 1, 1), local_time=time(9))
+    fan_out(draft.pk)
+    due = datetime(2031, 1, 1, 8, tzinfo=ZoneInfo("UTC"))  # 9:00 in Paris
+    assert Message.objects.get(campaign=draft).due_at == due
+    admin_client.cookies[TIMEZONE_COOKIE] = "Europe/Paris"
+    page = admin_client.get(reverse("admin:campaigns_campaign_change", args=[draft.pk])).content.decode()
+    summary = page.split('id="campaign-progress"', 1)[1].split("</div>", 1)[0]
+    assert 'data-status="sending"' in page and 'data-next-send-at="2031-01-01T08:00:00Z"' in page
+    assert (
+        'id="campaign-waiting">waiting — next send at <time class="zoned" datetime="2031-01-01T08:00:00Z"'
+        in summary
+    )
+    assert "2031-01-01 08:00:00 UTC (09:00:00 CET)" in summary and 'id="campaign-percent"' not in summary
+    # An `at` campaign waits for its start.
+    later = twin(draft)
+    lifecycle.schedule(later.pk, "at", datetime(2031, 2, 1, 12, tzinfo=ZoneInfo("UTC")))
+    page = admin_client.get(reverse("admin:campaigns_campaign_change", args=[later.pk])).content.decode()
+    assert 'data-status="scheduled"' in page and "waiting — next send at" in page
+    assert "2031-02-01 12:00:00 UTC (13:00:00 CET)" in page
 
 
 def test_a_campaigns_messages_and_events_are_one_click_from_its_page(
