@@ -12,7 +12,7 @@ from django.utils.html import format_html
 from django.utils.http import urlencode
 
 from campaigns import lifecycle
-from campaigns.admin_workflows import CampaignWorkflows, ImportJobWorkflows, TemplateWorkflows
+from campaigns.admin_workflows import CampaignWorkflows, ImportJobWorkflows, ScheduleForm, TemplateWorkflows
 from campaigns.erasure import erase_contacts, placeholder_for
 from campaigns.exceptions import CampaignStateError
 from campaigns.models import (
@@ -297,6 +297,41 @@ class CampaignAdmin(ZonedTimesMixin, CampaignWorkflows):
             return (*self.always_readonly, *self.draft_content)
         return self.always_readonly
 
+    def get_fieldsets(self, request: HttpRequest, obj: Campaign | None = None) -> Any:
+        """What the operator reads and acts on. The counters are the progress summary above the
+        form (change_form.html), status and the buttons beside it; the workers' bookkeeping
+        (fan-out cursor and flag, updated_at) is not shown at all. A started campaign shows its
+        schedule type and that type's own fields only."""
+        content = (
+            None,
+            {
+                "fields": (
+                    "name",
+                    "template",
+                    "contact_list",
+                    "from_email",
+                    "priority",
+                    ("track_opens", "track_clicks"),
+                )
+            },
+        )
+        if obj is None or obj.status == Campaign.Status.DRAFT:
+            optimized = (
+                "If sent optimized",
+                {
+                    "fields": ("window_hours", "holdout_percent"),
+                    "description": "the Schedule… page can change them",
+                },
+            )
+            return [content, optimized] + ([("Times", {"fields": ("created_at",)})] if obj else [])
+        schedule = ("schedule_type", *ScheduleForm.TYPE_FIELDS.get(obj.schedule_type, ()))
+        return [
+            content,
+            ("Schedule", {"fields": schedule}),
+            ("Engagement", {"fields": ("engagement",)}),
+            ("Times", {"fields": ("created_at", "started_at", "completed_at", "archived_at")}),
+        ]
+
     def save_model(self, request: HttpRequest, obj: Campaign, form: forms.ModelForm, change: bool) -> None:
         if not change:
             obj.save()  # a new draft
@@ -323,7 +358,7 @@ class CampaignAdmin(ZonedTimesMixin, CampaignWorkflows):
             + (f" with {campaign.total_count} message(s)" if campaign.total_count else "")
             + ": only a draft with no messages is deleted; cancel and archive it instead"
             for campaign in objs
-            if campaign.status != Campaign.Status.DRAFT or campaign.message_set.exists()
+            if lifecycle.why_not_deletable(campaign)
         ]
         if refused:
             return [], {}, set(), refused

@@ -18,8 +18,10 @@ Stable element ids (the browser tests drive these): import — `#import-upload-l
 `#import-progress` (`data-status`, `data-percent`), `#import-status`, `#import-percent`,
 `#import-rows`, `#import-rejections`, `#import-rejections-csv`; campaign page —
 `#campaign-schedule-link`, `#campaign-pause`, `#campaign-resume`, `#campaign-cancel`,
-`#campaign-messages-link`, `#campaign-events-link`, `#campaign-progress` (`data-status`,
-`data-percent`), `#campaign-percent`; schedule page — `#schedule-form` (`#id_type_0..3` for
+`#campaign-archive`, `#campaign-messages-link`, `#campaign-events-link`, `#campaign-progress`
+(`data-status`, `data-percent`, `data-next-send-at` while waiting), `#campaign-percent` (not while
+waiting), `#campaign-waiting`, `#campaign-counters` (`#campaign-total`, `-excluded`, `-sent`,
+`-failed`, `-suppressed`, `-cancelled`, `-unfinished`, `-bounced`, `-complained`, `-unsubscribed`); schedule page — `#schedule-form` (`#id_type_0..3` for
 immediate, at, local_time, optimized; `#id_scheduled_at`, `#id_zone`, `#id_local_date`,
 `#id_local_time`, `#id_past_time_policy`, `#id_window_start`, `#id_window_hours`,
 `#id_holdout_percent`), `#schedule-submit`, `#schedule-refused`; template page —
@@ -31,7 +33,7 @@ immediate, at, local_time, optimized; `#id_scheduled_at`, `#id_zone`, `#id_local
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -59,11 +61,14 @@ from campaigns.api.campaigns import ScheduleSerializer, schedule_validated
 from campaigns.exceptions import CampaignStateError
 from campaigns.importing import ImportFileError
 from campaigns.models import Campaign, Contact, ContactList, ImportIssue, ImportJob, Priority, Template
+from campaigns.selectors import waiting_until, waits_for_due_instant
 from campaigns.services import compile_template, contact_context
+from core.admin import zoned
 from core.localtime import localize
 from core.templating import TemplateSyntaxError
 from core.timezones import known_timezones
 from delivery.exceptions import InvalidTestSend
+from delivery.selectors import next_sends
 from delivery.services import test_sends
 
 # Rejected rows shown on an import's page; all of them are in the CSV download.
@@ -254,8 +259,12 @@ class WallDateTimeField(forms.DateTimeField):
 class ScheduleForm(forms.Form):
     """The API's schedule body as a form. Every rule is the API's: ScheduleSerializer checks it."""
 
+    # No initial type: with "immediate" preselected, an operator who filled in the `at` date and
+    # forgot the radio sent the campaign at once (issue 18, item 16).
     type = forms.ChoiceField(
-        choices=Campaign.ScheduleType.choices, widget=forms.RadioSelect, initial="immediate"
+        choices=Campaign.ScheduleType.choices,
+        widget=forms.RadioSelect,
+        error_messages={"required": "choose when to send: immediate, at, local_time or optimized"},
     )
     scheduled_at = WallDateTimeField(required=False, label="at (date and time)", help_text="type at")
     zone = forms.ChoiceField(
@@ -264,10 +273,14 @@ class ScheduleForm(forms.Form):
         help_text="the zone 'at' and the window start are read in; the page shows the UTC instant",
     )
     local_date = forms.DateField(
-        required=False, widget=forms.DateInput(attrs={"type": "date"}), help_text="type local_time"
+        required=False,
+        label="local date",
+        widget=forms.DateInput(attrs={"type": "date"}),
+        help_text="type local_time",
     )
     local_time = forms.TimeField(
         required=False,
+        label="local time",
         widget=forms.TimeInput(attrs={"type": "time"}, format="%H:%M"),
         help_text="type local_time: the wall time in each recipient's own timezone",
     )
@@ -277,7 +290,9 @@ class ScheduleForm(forms.Form):
         required=False,
         help_text="type local_time: recipients for whom that time has passed",
     )
-    window_start = WallDateTimeField(required=False, help_text="type optimized: empty means now")
+    window_start = WallDateTimeField(
+        required=False, label="window start", help_text="type optimized: empty means now"
+    )
     window_hours = forms.IntegerField(
         required=False, initial=lifecycle.DEFAULT_WINDOW_HOURS, help_text="type optimized: 1 to 168"
     )
@@ -290,12 +305,17 @@ class ScheduleForm(forms.Form):
     seen_updated_at = forms.CharField(widget=forms.HiddenInput, required=False)
 
     # The API fields each type takes; the others are not sent (schedule() stores what it gets).
-    TYPE_FIELDS = {
+    # A started campaign's page shows its type's fields only (CampaignAdmin.get_fieldsets).
+    TYPE_FIELDS: dict[str, tuple[str, ...]] = {
         Campaign.ScheduleType.IMMEDIATE: (),
         Campaign.ScheduleType.AT: ("scheduled_at",),
         Campaign.ScheduleType.LOCAL_TIME: ("local_date", "local_time", "past_time_policy"),
         Campaign.ScheduleType.OPTIMIZED: ("window_start", "window_hours", "holdout_percent"),
     }
+    # The fields that say *when*. One filled in for a type that does not use it is refused: the
+    # operator meant a moment the chosen type would ignore. The number and policy fields carry
+    # defaults, so a value there for another type is simply not sent.
+    MOMENT_FIELDS = ("scheduled_at", "local_date", "local_time", "window_start")
 
     def clean(self) -> dict[str, Any]:
         super().clean()
@@ -303,12 +323,18 @@ class ScheduleForm(forms.Form):
         kind = data.get("type")
         if kind is None:
             return data
-        # A leftover in another type's field (a half-typed date) does not block this type.
         ignored = {name for fields in self.TYPE_FIELDS.values() for name in fields} - set(
             self.TYPE_FIELDS[kind]
         )
         for name in ignored & set(self.errors):
-            del self.errors[name]
+            del self.errors[name]  # an unparseable value is refused below only if it is a moment
+        for name in self.MOMENT_FIELDS:
+            if name in ignored and str(self[name].data or "").strip():
+                self.add_error(
+                    name,
+                    f"filled in, but type '{kind}' does not use {self.fields[name].label}: clear it, "
+                    "or choose the type that does",
+                )
         if self.errors:
             return data
         zone = ZoneInfo(data.get("zone") or "UTC")
@@ -359,7 +385,36 @@ CAMPAIGN_BUTTONS = {
         "Cancel campaign",
         (Campaign.Status.DRAFT, Campaign.Status.SCHEDULED, Campaign.Status.SENDING, Campaign.Status.PAUSED),
     ),
+    "archive": ("Archive", lifecycle.ARCHIVABLE),  # and not archived yet (campaign_buttons)
 }
+
+
+def campaign_buttons(campaign: Campaign) -> list[tuple[str, str]]:
+    """(verb, label) of the buttons that apply to the campaign as it is now."""
+    return [
+        (verb, label)
+        for verb, (label, states) in CAMPAIGN_BUTTONS.items()
+        if campaign.status in states and not (verb == "archive" and campaign.archived_at)
+    ]
+
+
+def next_send(campaign: Campaign) -> datetime | None:
+    """When a campaign that has sent nothing yet sends its first message (campaigns.selectors
+    .waiting_until): its start, or its earliest due message, found with one indexed query."""
+    finished = campaign.finished_count
+    due = (
+        next_sends([campaign.pk]).get(campaign.pk)
+        if waits_for_due_instant(campaign.status, campaign.schedule_type, finished)
+        else None
+    )
+    return waiting_until(
+        status=campaign.status,
+        schedule_type=campaign.schedule_type,
+        scheduled_at=campaign.scheduled_at,
+        finished=finished,
+        next_due=due,
+        now=timezone.now(),
+    )
 
 
 def campaign_links(campaign: Campaign) -> tuple[str, str]:
@@ -415,15 +470,20 @@ class CampaignWorkflows(admin.ModelAdmin):
         campaign = Campaign.objects.filter(pk=object_id).first() if object_id.isdigit() else None
         extra = dict(extra_context or {})
         if campaign is not None:
+            messages_url, events_url = campaign_links(campaign)
+            sends_at = next_send(campaign)
             extra.update(
-                campaign_buttons=[
-                    (verb, label)
-                    for verb, (label, states) in CAMPAIGN_BUTTONS.items()
-                    if campaign.status in states
-                ],
+                campaign_buttons=campaign_buttons(campaign),
                 may_schedule=campaign.status == Campaign.Status.DRAFT,
-                messages_url=campaign_links(campaign)[0],
-                events_url=campaign_links(campaign)[1],
+                # Delete only where lifecycle.delete_draft would (a draft with no messages).
+                show_delete=lifecycle.why_not_deletable(campaign) is None,
+                messages_url=messages_url,
+                events_url=events_url,
+                failed_url=f"{messages_url}&status__exact=failed",
+                next_send=zoned(sends_at) if sends_at else None,
+                next_send_iso=sends_at.astimezone(UTC).isoformat().replace("+00:00", "Z")
+                if sends_at
+                else None,
             )
         return super().change_view(request, object_id, form_url, extra)
 

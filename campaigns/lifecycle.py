@@ -307,18 +307,27 @@ def archive(campaign_id: int) -> Campaign:
     return campaign
 
 
+def why_not_deletable(campaign: Campaign) -> str | None:
+    """None if delete_draft would delete this campaign (a draft with no messages), else why not.
+    One indexed lookup (UNIQUE(campaign, contact) leads with the campaign)."""
+    if campaign.status != Status.DRAFT:
+        return (
+            f"only a draft campaign can be deleted; this one is {campaign.status} "
+            "(cancel and archive it instead)"
+        )
+    if campaign.message_set.exists():
+        return "this campaign has messages; archive it instead"
+    return None
+
+
 def delete_draft(campaign_id: int) -> None:
     """Delete a draft that has no messages. A campaign with messages is never deleted: its
     delivery history stays (cancel and archive it instead)."""
     with transaction.atomic():
         campaign = _locked(campaign_id)  # a concurrent schedule waits, then finds it gone
-        if campaign.status != Status.DRAFT:
-            raise CampaignStateError(
-                f"only a draft campaign can be deleted; this one is {campaign.status} "
-                "(cancel and archive it instead)"
-            )
-        if campaign.message_set.exists():
-            raise CampaignStateError("this campaign has messages; archive it instead")
+        refusal = why_not_deletable(campaign)
+        if refusal:
+            raise CampaignStateError(refusal)
         campaign.delete()
 
 

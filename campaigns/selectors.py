@@ -126,17 +126,54 @@ def audience_size(contact_list_id: int) -> int:
 UNSUBSCRIBE_CONTEXT_FLAG = "emailhub:unsubscribe"
 
 
+# The schedule types whose messages fan-out writes `scheduled`, each due at an instant of its
+# own (a contact's local time, its best hour); immediate and `at` campaigns write `queued` ones.
+DUE_INSTANT_TYPES = ("local_time", "optimized")
+
+
+def waits_for_due_instant(status: str, schedule_type: str, finished: int) -> bool:
+    """A sending campaign that may still be waiting for its first due instant: its messages are
+    each due at an instant of their own and none has finished. Whether it is waiting is its
+    earliest due message's instant (delivery.selectors.next_sends), asked for these only."""
+    return status == "sending" and schedule_type in DUE_INSTANT_TYPES and finished == 0
+
+
+def waiting_until(
+    *,
+    status: str,
+    schedule_type: str,
+    scheduled_at: datetime | None,
+    finished: int,
+    next_due: datetime | None,
+    now: datetime,
+) -> datetime | None:
+    """When a campaign that has sent nothing yet sends its first message; None while it sends
+    (and for a draft, a paused or a finished one). A scheduled (`at`) campaign waits for
+    `scheduled_at`; a sending local-time or optimized one, for its earliest due message
+    (`next_due`), while that is still to come.
+
+    One case reads as waiting though it is not: the first slot already handed to the workers
+    (its messages `queued`, not in the due index) and none of them finished yet. Telling it
+    apart would need a count of the campaign's queued messages, which no index serves; it lasts
+    until the first of them is sent (seconds, unless the bulk queue is backed up)."""
+    if status == "scheduled":
+        return scheduled_at
+    if waits_for_due_instant(status, schedule_type, finished) and next_due is not None and next_due > now:
+        return next_due
+    return None
+
+
 def campaigns_in_flight() -> tuple[datetime, list[dict[str, object]]]:
-    """The database's now() and every campaign sending or paused mid-send, with its counters
-    (for the admin's dashboard). One query on the small campaigns table."""
+    """The database's now() and every campaign scheduled, sending or paused mid-send, with its
+    counters (for the admin's dashboard). One query on the small campaigns table."""
     with connection.cursor() as cursor:
         cursor.execute(
             """
             SELECT now(), c.id, c.name, c.status, c.priority, c.schedule_type, c.total_count,
                    c.sent_count, c.failed_count, c.suppressed_count, c.cancelled_count,
-                   c.fanout_done, c.started_at
+                   c.fanout_done, c.started_at, c.scheduled_at
               FROM campaigns_campaign AS c
-             WHERE c.status IN ('sending', 'paused') AND c.archived_at IS NULL
+             WHERE c.status IN ('scheduled', 'sending', 'paused') AND c.archived_at IS NULL
              ORDER BY c.id
             """
         )
@@ -147,6 +184,6 @@ def campaigns_in_flight() -> tuple[datetime, list[dict[str, object]]]:
             return cursor.fetchone()[0], []
     columns = (
         "id", "name", "status", "priority", "schedule_type", "total", "sent", "failed",
-        "suppressed", "cancelled", "fanout_done", "started_at",
+        "suppressed", "cancelled", "fanout_done", "started_at", "scheduled_at",
     )  # fmt: skip
     return rows[0][0], [dict(zip(columns, row[1:], strict=True)) for row in rows]

@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+from datetime import UTC, datetime
+from typing import Any
+
 from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
@@ -10,7 +13,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from campaigns.models import Campaign
-from core.admin import ReadOnlyAdmin, ZonedTimesMixin
+from core.admin import ReadOnlyAdmin, ZonedTimesMixin, zoned
 from delivery.authentication import revoke_api_key
 from delivery.models import ApiKey, ApiKeyScope, EmailEvent, Message
 from delivery.selectors import feedback_rates_by_provider, provider_chains, provider_health
@@ -203,13 +206,25 @@ class ApiKeyAdmin(ZonedTimesMixin):
         obj.save(update_fields=[f for f in form.changed_data if f in ("name", "scopes")])
 
 
+def _with_times(provider: dict[str, Any]) -> dict[str, Any]:
+    """The breaker's instants (epoch seconds, ISO text) shown in UTC and the operator's zone: a
+    last error beside a closed circuit says nothing without when it happened."""
+    circuit = provider["circuit"]
+    error_at, opened_at = circuit.get("last_error_at"), circuit.get("opened_at")
+    return {
+        **provider,
+        "last_error_at": zoned(datetime.fromtimestamp(error_at, UTC)) if error_at is not None else None,
+        "opened_at": zoned(datetime.fromisoformat(opened_at)) if opened_at else None,
+    }
+
+
 def provider_health_view(request: HttpRequest) -> HttpResponse:
     """Admin page: the same data as GET /api/v1/providers."""
     context = {
         **admin.site.each_context(request),
         "title": "Provider health",
         "chains": provider_chains(),
-        "providers": provider_health(),
+        "providers": [_with_times(p) for p in provider_health()],
         "feedback": feedback_rates_by_provider(),
     }
     return TemplateResponse(request, "admin/delivery/provider_health.html", context)

@@ -132,6 +132,34 @@ def pending_message_units() -> list[tuple[str, float]]:
         return [(unit, float(score)) for unit, score in cursor.fetchall()]
 
 
+def next_sends(campaign_ids: Sequence[int]) -> dict[int, datetime]:
+    """Campaign id → the earliest `due_at` of its `scheduled` or `retry_wait` messages, for the
+    campaigns that have one (the operator's "next send at").
+
+    One statement. Each campaign's lookup walks message_due_idx (the partial index on `due_at`
+    over exactly those two statuses) in due order and stops at the campaign's first row: it reads
+    the other campaigns' rows due before that one, and a campaign with no row there reads the
+    whole index, so callers ask only for campaigns whose messages wait for a due instant
+    (docs/architecture.md, "The admin's frame", has the measured cost)."""
+    if not campaign_ids:
+        return {}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT c.id, n.due_at
+              FROM unnest(%s::bigint[]) AS c(id)
+             CROSS JOIN LATERAL (
+                   SELECT m.due_at FROM delivery_message AS m
+                    WHERE m.campaign_id = c.id AND m.status IN ('scheduled', 'retry_wait')
+                    ORDER BY m.due_at
+                    LIMIT 1
+             ) AS n
+            """,
+            [list(campaign_ids)],
+        )
+        return dict(cursor.fetchall())
+
+
 def pending_and_sending_by_priority() -> dict[str, tuple[int, int]]:
     """Per priority, in messages: (pending, sending). Pending = `queued` plus due but not yet
     dispatched (`scheduled`/`retry_wait` with `due_at <= now`).

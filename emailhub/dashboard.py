@@ -1,7 +1,9 @@
 """The operator's dashboard in the admin (/admin/dashboard/ and its JSON, /admin/dashboard/data/).
 
 It reads from every app, so it lives above them, and only through their public selectors:
-campaigns in flight (`campaigns.selectors.campaigns_in_flight`), the queue snapshot per priority
+campaigns scheduled or in flight (`campaigns.selectors.campaigns_in_flight`; one waiting for its
+first due instant shows when it sends next, `campaigns.selectors.waiting_until` over
+`delivery.selectors.next_sends`, instead of a 0% and a zero rate), the queue snapshot per priority
 (`scheduling.selectors.queue_snapshot`, what GET /api/v1/schedules shows), provider circuits and
 rate limits (`delivery.selectors.provider_health`, the provider page's data) and the recent
 failures and bounces (`delivery.selectors.recent_failures` / `recent_feedback`).
@@ -30,7 +32,7 @@ refresh per interval, not one each.
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, cast
 
 import redis as redis_lib
@@ -42,9 +44,9 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
 
-from campaigns.selectors import campaigns_in_flight
+from campaigns.selectors import campaigns_in_flight, waiting_until, waits_for_due_instant
 from core.admin import zoned_text
-from delivery.selectors import provider_health, recent_failures, recent_feedback
+from delivery.selectors import next_sends, provider_health, recent_failures, recent_feedback
 from scheduling.selectors import queue_snapshot
 
 REFRESH_SECONDS = 5
@@ -103,13 +105,29 @@ def _campaign_rows(now: datetime, campaigns: list[dict[str, Any]]) -> list[dict[
         samples = _window_samples(epoch, finished) if campaigns else {}
     except redis_lib.RedisError:
         samples = {}
+    # One indexed query for the campaigns that may wait for a due instant (none sent yet).
+    dues = next_sends(
+        [
+            c["id"]
+            for c in campaigns
+            if waits_for_due_instant(c["status"], c["schedule_type"], finished[c["id"]])
+        ]
+    )
     rows = []
     for c in campaigns:
         done, total = finished[c["id"]], int(c["total"])
         rate: float | None = None
         rate_basis = None
         sample = samples.get(c["id"])
-        if c["status"] == "sending":
+        next_send = waiting_until(
+            status=c["status"],
+            schedule_type=c["schedule_type"],
+            scheduled_at=c["scheduled_at"],
+            finished=done,
+            next_due=dues.get(c["id"]),
+            now=now,
+        )
+        if c["status"] == "sending" and next_send is None:
             if sample is not None and epoch > sample[0]:
                 rate, rate_basis = max(done - sample[1], 0) / (epoch - sample[0]), "window"
             elif c["started_at"] is not None and epoch > c["started_at"].timestamp():
@@ -138,6 +156,10 @@ def _campaign_rows(now: datetime, campaigns: list[dict[str, Any]]) -> list[dict[
                 "rate_basis": rate_basis,
                 "eta_seconds": round(eta) if eta is not None else None,
                 "eta_display": _duration(eta) if eta is not None else "-",
+                # Nothing sent yet and nothing to send before this instant: no rate, no ETA.
+                "waiting": next_send is not None,
+                "next_send_at": _iso(next_send),
+                "next_send_display": zoned_text(next_send) if next_send else None,
                 "started_at": _iso(c["started_at"]),
                 "started_at_display": zoned_text(c["started_at"]),
                 "url": reverse("admin:campaigns_campaign_change", args=[c["id"]]),
@@ -159,6 +181,13 @@ def _duration(seconds: float) -> str:
 
 def _iso(value: datetime | None) -> str | None:
     return value.isoformat().replace("+00:00", "Z") if value else None
+
+
+def _provider_row(provider: dict[str, Any]) -> dict[str, Any]:
+    """The provider's health with when its last error happened, for people."""
+    at = provider["circuit"].get("last_error_at")
+    when = zoned_text(datetime.fromtimestamp(at, UTC)) if at is not None else None
+    return {**provider, "circuit": {**provider["circuit"], "last_error_at_display": when}}
 
 
 def dashboard_data() -> dict[str, Any]:
@@ -188,7 +217,7 @@ def dashboard_data() -> dict[str, Any]:
         "refresh_seconds": REFRESH_SECONDS,
         "campaigns": _campaign_rows(now, campaigns),
         "queue": queue_snapshot(),
-        "providers": provider_health(),
+        "providers": [_provider_row(p) for p in provider_health()],
         "recent_failures": failures,
         "recent_feedback": feedback,
     }

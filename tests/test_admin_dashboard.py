@@ -6,7 +6,7 @@ every time shown in UTC and the operator's zone."""
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -15,17 +15,21 @@ import redis as redis_lib
 from axes.models import AccessAttempt
 from django.contrib.auth.models import User
 from django.db import connection
+from django.db.models import Min
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
 from campaigns import fanout, lifecycle
-from campaigns.models import Campaign
+from campaigns.models import Campaign, Contact
 from core.admin import zoned_text
 from core.models import OutboxEvent
 from core.operator_zone import TIMEZONE_COOKIE
+from delivery import breakers, selectors
+from delivery.exceptions import ProviderUnavailable
 from delivery.models import EmailEvent, Message
+from delivery.services import transitions
 from delivery.services.sending import send_messages
 from delivery.testing.smtp_server import SMTPTestServer
 from emailhub import dashboard
@@ -147,6 +151,92 @@ def test_viewers_share_one_computed_refresh_per_zone(
     assert tokyo["generated_at"] != first["generated_at"] and "JST" in tokyo["generated_at_display"]
     (row,) = [c for c in tokyo["campaigns"] if c["id"] == campaign.pk]
     assert row["sent"] == 9
+
+
+def _local_time_campaign(zones: list[str]) -> Campaign:
+    """A local-time campaign for 9:00 on a date to come, fanned out: every message `scheduled`."""
+    campaign = make_campaign(make_audience(len(zones)), name="new year")
+    for zone, contact in zip(zones, Contact.objects.order_by("id"), strict=True):
+        Contact.objects.filter(pk=contact.pk).update(timezone=zone)
+    lifecycle.schedule(campaign.pk, "local_time", local_date=date(2031, 1, 1), local_time=time(9))
+    fanout.fan_out(campaign.pk)
+    return campaign
+
+
+def test_a_campaign_waiting_for_its_first_due_instant_shows_when_it_sends_next_not_a_zero_rate(
+    admin_client: Client, smtp: SMTPTestServer
+) -> None:
+    campaign = _local_time_campaign(["Asia/Tokyo", "Europe/Paris", "America/New_York"])
+    first = Message.objects.filter(campaign=campaign).aggregate(first=Min("due_at"))["first"]
+    assert first == datetime(2031, 1, 1, 0, tzinfo=UTC)  # 9:00 in Tokyo
+    later = make_campaign(make_audience(2, name="later", prefix="l"), name="launch")
+    starts = (timezone.now() + timedelta(hours=3)).replace(microsecond=0)
+    lifecycle.schedule(later.pk, "at", starts)
+    admin_client.cookies[TIMEZONE_COOKIE] = "Europe/Paris"
+
+    data = admin_client.get("/admin/dashboard/data/").json()
+    rows = {c["id"]: c for c in data["campaigns"]}
+    with timezone.override(ZoneInfo("Europe/Paris")):
+        shown = {campaign.pk: zoned_text(first), later.pk: zoned_text(starts)}
+    for row, at in ((rows[campaign.pk], first), (rows[later.pk], starts)):
+        assert row["waiting"] is True and row["next_send_at"] == at.isoformat().replace("+00:00", "Z")
+        assert row["next_send_display"] == shown[row["id"]]
+        assert row["rate_per_second"] is None and row["eta_seconds"] is None
+    assert (rows[campaign.pk]["status"], rows[later.pk]["status"]) == ("sending", "scheduled")
+    html = admin_client.get("/admin/dashboard/").content.decode()
+    row = re.search(rf'<tr class="campaign-row" data-campaign-id="{campaign.pk}">.*?</tr>', html, re.S)
+    assert row is not None
+    assert f'<td class="campaign-status">waiting — next send at {shown[campaign.pk]}</td>' in row.group(0)
+    assert '<td class="campaign-rate">-</td>' in row.group(0)
+    assert f"waiting — next send at {shown[later.pk]}" in html
+
+    # Its first slot goes out and a message of it is sent: sending, with a rate.
+    tokyo = Message.objects.filter(campaign=campaign, due_at=first)
+    transitions.queue_slot(campaign.pk, int(first.timestamp()))
+    send_messages(list(tokyo.values_list("id", flat=True)))
+    (row,) = [
+        c for c in admin_client.get("/admin/dashboard/data/").json()["campaigns"] if c["id"] == campaign.pk
+    ]
+    assert row["waiting"] is False and row["next_send_at"] is None and row["finished"] == 1
+    assert row["rate_per_second"] is not None
+
+
+def test_the_next_due_instants_of_all_campaigns_are_one_query(django_assert_num_queries: Any) -> None:
+    waiting = _local_time_campaign(["Asia/Tokyo", "Europe/London"])
+    sending = make_campaign(make_audience(2, name="now", prefix="n"), name="now")
+    lifecycle.schedule(sending.pk, "immediate")
+    fanout.fan_out(sending.pk)
+    with django_assert_num_queries(1):
+        dues = selectors.next_sends([waiting.pk, sending.pk])
+    assert dues == {waiting.pk: datetime(2031, 1, 1, 0, tzinfo=UTC)}
+
+
+def test_the_provider_page_says_when_the_last_error_happened(admin_client: Client, settings: Any) -> None:
+    settings.EMAILHUB_PROVIDERS_TRANSACTIONAL = ["smtp"]
+    settings.EMAILHUB_PROVIDERS_BULK = ["smtp"]
+
+    def refused() -> None:
+        raise ProviderUnavailable("smtp: connection refused")
+
+    with pytest.raises(ProviderUnavailable):
+        breakers.guarded_call("smtp", refused)
+    circuit = breakers.snapshot("smtp")
+    assert circuit["state"] == "closed" and circuit["last_error"] == "smtp: connection refused"
+    at = datetime.fromtimestamp(circuit["last_error_at"], UTC)
+    admin_client.cookies[TIMEZONE_COOKIE] = "Europe/Paris"
+    with timezone.override(ZoneInfo("Europe/Paris")):
+        when = zoned_text(at)
+
+    page = admin_client.get("/admin/providers/").content.decode()
+    iso = at.isoformat().replace("+00:00", "Z")
+    assert (
+        f'smtp: connection refused <span class="quiet">at <time class="zoned" datetime="{iso}" '
+        f'title="Europe/Paris">{when}</time></span>' in page
+    )
+    dashboard_page = admin_client.get("/admin/dashboard/").content.decode()
+    assert f"smtp: connection refused (at {when})" in dashboard_page
+    (provider,) = admin_client.get("/admin/dashboard/data/").json()["providers"]
+    assert provider["circuit"]["last_error_at_display"] == when
 
 
 def test_eta_reads_as_a_duration() -> None:

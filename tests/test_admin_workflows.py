@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import csv
 import io
-from datetime import datetime, time, timedelta
+import re
+from datetime import date, datetime, time, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -20,10 +21,13 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from campaigns import lifecycle
+from campaigns.exceptions import CampaignStateError
+from campaigns.fanout import fan_out
 from campaigns.import_jobs import run_import_job
 from campaigns.models import Campaign, Contact, ContactList, ImportChunk, ImportJob, ListMembership, Template
 from core.localtime import localize
 from core.models import OutboxEvent
+from core.operator_zone import TIMEZONE_COOKIE
 from delivery.models import EmailEvent, Message
 from delivery.services.sending import send_messages
 from delivery.services.test_sends import TEST_SEND_FLAG
@@ -205,14 +209,10 @@ def test_each_schedule_type_from_the_admin_leaves_the_campaign_as_the_same_api_c
         theirs.refresh_from_db()
         assert [getattr(ours, f) for f in SCHEDULE_FIELDS] == [getattr(theirs, f) for f in SCHEDULE_FIELDS]
         assert ours.schedule_type == form_data["type"]
-    # A half-typed date left in another type's field does not block the type chosen.
+    # A bad value in another type's number field does not block the type chosen (a date or
+    # time there does: test_a_filled_date_or_time_the_chosen_type_ignores_is_refused_by_name).
     leftover = twin(draft)
-    form = {
-        **open_form(admin_client, leftover),
-        "type": "immediate",
-        "scheduled_at": "2030-13-45",
-        "window_hours": "x",
-    }
+    form = {**open_form(admin_client, leftover), "type": "immediate", "window_hours": "x"}
     assert admin_client.post(schedule_url(leftover), form).status_code == 302
     assert Campaign.objects.get(pk=leftover.pk).status == "sending"
     at = Campaign.objects.filter(schedule_type="at").first()
@@ -246,6 +246,60 @@ def test_a_bad_schedule_is_an_error_on_its_field_and_changes_nothing(
     assert response.status_code == 200
     errors = field_errors(response)
     assert says in " ".join(errors.get(field, [])), errors
+    draft.refresh_from_db()
+    assert (draft.status, draft.scheduled_at, draft.local_date) == ("draft", None, None)
+    assert not OutboxEvent.objects.exists()
+
+
+def test_the_schedule_form_offers_no_type_until_one_is_chosen_and_refuses_a_post_without_one(
+    admin_client: Client, draft: Campaign
+) -> None:
+    page = admin_client.get(schedule_url(draft))
+    html = page.content.decode()
+    radios = re.findall(r'<input type="radio" name="type"[^>]*>', html)
+    assert len(radios) == 4 and not [r for r in radios if "checked" in r], radios
+    # An `at` date filled in, the type forgotten: refused, not sent at once.
+    tomorrow = (timezone.now() + timedelta(days=1)).strftime("%Y-%m-%dT%H:%M")
+    response = admin_client.post(
+        schedule_url(draft), {**open_form(admin_client, draft), "scheduled_at": tomorrow}
+    )
+    assert response.status_code == 200
+    assert field_errors(response) == {"type": ["choose when to send: immediate, at, local_time or optimized"]}
+    assert "choose when to send" in response.content.decode()
+    draft.refresh_from_db()
+    assert (draft.status, draft.scheduled_at) == ("draft", None) and not OutboxEvent.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("data", "named"),
+    [
+        ({"type": "immediate", "scheduled_at": "2099-01-01T10:00"}, {"scheduled_at": "at (date and time)"}),
+        ({"type": "immediate", "scheduled_at": "2030-13-45"}, {"scheduled_at": "at (date and time)"}),
+        (
+            {"type": "at", "scheduled_at": "2099-01-01T10:00", "local_date": "2099-01-01", "local_time": "09:00"},
+            {"local_date": "local date", "local_time": "local time"},
+        ),
+        (
+            {"type": "local_time", "local_date": "2099-01-01", "local_time": "09:00",
+             "window_start": "2099-01-01T08:00"},
+            {"window_start": "window start"},
+        ),
+        ({"type": "optimized", "scheduled_at": "2099-01-01T10:00"}, {"scheduled_at": "at (date and time)"}),
+    ],
+    ids=["immediate-with-at", "immediate-with-a-bad-at", "at-with-local", "local-with-window", "optimized-with-at"],
+)  # fmt: skip
+def test_a_filled_date_or_time_the_chosen_type_ignores_is_refused_by_name(
+    admin_client: Client, draft: Campaign, data: dict, named: dict[str, str]
+) -> None:
+    response = admin_client.post(schedule_url(draft), {**open_form(admin_client, draft), **data})
+    assert response.status_code == 200
+    errors = field_errors(response)
+    assert set(errors) == set(named), errors
+    for name, label in named.items():
+        (error,) = errors[name]
+        assert error == (
+            f"filled in, but type '{data['type']}' does not use {label}: clear it, or choose the type that does"
+        )
     draft.refresh_from_db()
     assert (draft.status, draft.scheduled_at, draft.local_date) == ("draft", None, None)
     assert not OutboxEvent.objects.exists()
@@ -318,6 +372,95 @@ def test_pause_resume_and_cancel_buttons_on_the_campaign_page_go_through_the_lif
     )
     unknown = reverse("admin:campaigns_campaign_button", args=[draft.pk, "delete"])
     assert admin_client.post(unknown).status_code == 404
+
+
+def test_a_campaign_page_shows_its_counters_in_the_progress_summary_and_no_internal_field(
+    admin_client: Client, draft: Campaign
+) -> None:
+    Campaign.objects.filter(pk=draft.pk).update(
+        status="sending", started_at=timezone.now(), fanout_done=True, fanout_cursor=812, total_count=20,
+        excluded_count=3, sent_count=10, failed_count=2, suppressed_count=1, cancelled_count=1,
+        bounced_count=4, complained_count=1, unsubscribed_count=2,
+    )  # fmt: skip
+    page = admin_client.get(reverse("admin:campaigns_campaign_change", args=[draft.pk])).content.decode()
+    summary = page.split('id="campaign-progress"', 1)[1].split("</div>", 1)[0]
+    for counter, value in (
+        ("total", 20), ("excluded", 3), ("sent", 10), ("failed", 2), ("suppressed", 1), ("cancelled", 1),
+        ("unfinished", 6), ("bounced", 4), ("complained", 1), ("unsubscribed", 2),
+    ):  # fmt: skip
+        assert f'<dd id="campaign-{counter}">{value}' in summary, counter
+    # The failed ones link to their list, where the retry action is.
+    failed_url = (
+        reverse("admin:delivery_message_changelist") + f"?campaign={draft.pk}&amp;status__exact=failed"
+    )
+    assert f'href="{failed_url}"' in summary
+    # Workers' bookkeeping is not on the page, and no counter is a field of its own.
+    for internal in ("fanout_cursor", "fanout_done", "updated_at", "status", *(f"{c}_count" for c in (
+        "total", "excluded", "sent", "failed", "suppressed", "cancelled", "bounced", "complained", "unsubscribed",
+    ))):  # fmt: skip
+        assert f"field-{internal}" not in page, internal
+    assert "812" not in page
+    # A started immediate campaign shows its schedule type and no other type's fields.
+    assert (
+        "field-schedule_type" in page and "field-local_date" not in page and "field-window_start" not in page
+    )
+
+
+def test_a_campaign_page_offers_delete_only_where_the_lifecycle_would_delete(
+    admin_client: Client, draft: Campaign
+) -> None:
+    change = reverse("admin:campaigns_campaign_change", args=[draft.pk])
+    assert 'class="deletelink"' in admin_client.get(change).content.decode()
+    Message.objects.create(to_email="ann@example.com", priority="normal", campaign=draft, status="cancelled")
+    assert 'class="deletelink"' not in admin_client.get(change).content.decode()  # a draft with messages
+    with pytest.raises(CampaignStateError):
+        lifecycle.delete_draft(draft.pk)
+    started = twin(draft)
+    lifecycle.schedule(started.pk, "immediate")
+    assert (
+        'class="deletelink"'
+        not in admin_client.get(
+            reverse("admin:campaigns_campaign_change", args=[started.pk])
+        ).content.decode()
+    )
+    # A finished one offers what can be done with it instead: archive.
+    lifecycle.cancel(started.pk)
+    page = admin_client.get(reverse("admin:campaigns_campaign_change", args=[started.pk])).content.decode()
+    assert 'class="deletelink"' not in page and 'id="campaign-archive"' in page
+    admin_client.post(reverse("admin:campaigns_campaign_button", args=[started.pk, "archive"]))
+    assert Campaign.objects.get(pk=started.pk).archived_at is not None
+    assert (
+        'id="campaign-archive"'
+        not in admin_client.get(
+            reverse("admin:campaigns_campaign_change", args=[started.pk])
+        ).content.decode()
+    )
+
+
+def test_a_campaign_waiting_for_its_first_due_instant_says_when_it_sends_next(
+    admin_client: Client, draft: Campaign
+) -> None:
+    paris = Contact.objects.create(email="ann@example.com", timezone="Europe/Paris")
+    ListMembership.objects.create(contact_list=draft.contact_list, contact=paris)
+    lifecycle.schedule(draft.pk, "local_time", local_date=date(2031, 1, 1), local_time=time(9))
+    fan_out(draft.pk)
+    due = datetime(2031, 1, 1, 8, tzinfo=ZoneInfo("UTC"))  # 9:00 in Paris
+    assert Message.objects.get(campaign=draft).due_at == due
+    admin_client.cookies[TIMEZONE_COOKIE] = "Europe/Paris"
+    page = admin_client.get(reverse("admin:campaigns_campaign_change", args=[draft.pk])).content.decode()
+    summary = page.split('id="campaign-progress"', 1)[1].split("</div>", 1)[0]
+    assert 'data-status="sending"' in page and 'data-next-send-at="2031-01-01T08:00:00Z"' in page
+    assert (
+        'id="campaign-waiting">waiting — next send at <time class="zoned" datetime="2031-01-01T08:00:00Z"'
+        in summary
+    )
+    assert "2031-01-01 08:00:00 UTC (09:00:00 CET)" in summary and 'id="campaign-percent"' not in summary
+    # An `at` campaign waits for its start.
+    later = twin(draft)
+    lifecycle.schedule(later.pk, "at", datetime(2031, 2, 1, 12, tzinfo=ZoneInfo("UTC")))
+    page = admin_client.get(reverse("admin:campaigns_campaign_change", args=[later.pk])).content.decode()
+    assert 'data-status="scheduled"' in page and "waiting — next send at" in page
+    assert "2031-02-01 12:00:00 UTC (13:00:00 CET)" in page
 
 
 def test_a_campaigns_messages_and_events_are_one_click_from_its_page(

@@ -52,7 +52,15 @@ if not os.access(CHROMIUM, os.X_OK):
         allow_module_level=True,
     )
 
-from playwright.sync_api import Browser, BrowserContext, Page, Playwright, expect, sync_playwright  # noqa: E402
+from playwright.sync_api import (  # noqa: E402
+    Browser,
+    BrowserContext,
+    Page,
+    Playwright,
+    Route,
+    expect,
+    sync_playwright,
+)
 
 # `django_db` so that pytest-django sets up the test database; the tests only read it (the
 # processes and the browser write).
@@ -200,15 +208,24 @@ def context(browser: Browser, deployed: Deployed) -> Iterator[BrowserContext]:
     )
     context.set_default_timeout(STEP_TIMEOUT_MS)
 
-    def on_request(req: Any) -> None:
-        if not req.url.startswith((deployed.base, "data:", "blob:", "about:")):
-            deployed.foreign_requests.append(req.url)
+    def same_origin(url: str) -> bool:
+        return url == deployed.base or url.startswith((deployed.base + "/", "data:", "blob:", "about:"))
+
+    def guard(route: Route) -> None:
+        # Every request that would leave the browser passes here (one the page's own
+        # Content-Security-Policy refuses never does): another origin's is recorded and
+        # refused, so nothing leaves the machine and no test depends on the network refusing it.
+        if same_origin(route.request.url):
+            route.continue_()
+        else:
+            deployed.foreign_requests.append(route.request.url)
+            route.abort("blockedbyclient")
 
     def on_response(response: Any) -> None:
         if "/static/" in response.url and response.status >= 400:
             deployed.failed_static.append(f"{response.status} {response.url}")
 
-    context.on("request", on_request)
+    context.route("**/*", guard)
     context.on("response", on_response)
     try:
         yield context
@@ -342,6 +359,39 @@ def test_api_docs_list_every_operation_from_the_same_origin(page: Page, deployed
     assert not deployed.page_errors, deployed.page_errors
 
 
+def test_redoc_lists_the_api_and_requests_nothing_from_another_origin(page: Page, deployed: Deployed) -> None:
+    schema = requests.get(f"{deployed.base}/api/schema/?format=json", timeout=30).json()
+    operations = {
+        op["operationId"] for item in schema["paths"].values() for op in item.values() if "operationId" in op
+    }
+    assert len(operations) > 20
+    foreign_before = list(deployed.foreign_requests)
+
+    page.goto(f"{deployed.base}/api/redoc/")
+    expect(page.locator("h1").first).to_contain_text(schema["info"]["title"])
+    # Redoc's side menu lists exactly the schema's operations.
+    entries = page.locator("li[data-item-id*='/operation/']")
+    expect(entries.first).to_be_attached()
+    listed = {
+        i.rsplit("/operation/", 1)[1] for i in entries.evaluate_all("els => els.map(e => e.dataset.itemId)")
+    }
+    assert listed == operations, f"missing {operations - listed}, extra {listed - operations}"
+    # Its footer credit stays, as text; the logo it would load from cdn.redoc.ly is never requested.
+    expect(page.get_by_text("API docs by Redocly")).to_be_visible()
+    expect(page.locator("img[alt='redocly logo']")).to_have_count(0)
+    # Search still works under the page's policy (Redoc indexes in a worker made from a blob:).
+    page.fill("input.search-input", "campaign")
+    results = page.locator("[data-role='search:results'] li[data-item-id*='/operation/v1_campaigns']")
+    expect(results.first).to_be_visible()
+    page.wait_for_load_state("networkidle")
+    shot(page, deployed, "redoc-operations", full_page=False)
+    assert deployed.foreign_requests == foreign_before, (
+        f"/api/redoc/ reached other origins: {deployed.foreign_requests}"
+    )
+    assert not deployed.failed_static, deployed.failed_static
+    assert not deployed.page_errors, deployed.page_errors
+
+
 # --- the workflow: import, template, preview and test send, campaign to 100% ---------------
 
 
@@ -429,8 +479,14 @@ def test_operator_imports_previews_test_sends_and_runs_a_campaign_to_100_percent
     page.click("#campaign-schedule-link")
     expect(page.locator("#id_zone")).to_have_value(OPERATOR_ZONE)
     wall = datetime.now(ZoneInfo(OPERATOR_ZONE)).replace(second=0, microsecond=0)
-    page.check("#id_type_1")  # at
+    # No type is chosen for the operator: the date alone is refused, not sent at once.
+    expect(page.locator("#schedule-form input[name=type]:checked")).to_have_count(0)
     page.fill("#id_scheduled_at", wall.strftime("%Y-%m-%dT%H:%M"))
+    page.click("#schedule-submit")
+    expect(page.locator("#schedule-form .field-type .errorlist")).to_contain_text("choose when to send")
+    campaign.refresh_from_db()
+    assert campaign.status == "draft"
+    page.check("#id_type_1")  # at
     shot(page, deployed, "schedule-form")
     page.click("#schedule-submit")
     expect(page.locator("#campaign-progress")).to_have_attribute(

@@ -413,6 +413,10 @@ def test_static_files_and_api_docs_are_served_by_gunicorn_with_debug_off_from_th
         html = response.text
         assert marker in html
         assert not re.findall(r"""https?://|["']//""", html), f"{page} names another origin"
+        if page == "/api/redoc/":
+            # Its bundle names one (the footer's logo, cdn.redoc.ly): the page's policy refuses it.
+            policy = re.search(r'<meta http-equiv="Content-Security-Policy" content="([^"]+)">', html)
+            assert policy and "default-src 'self'" in policy[1] and "img-src 'self' data:" in policy[1]
         urls = _same_origin_urls(base + page, html)
         assert any("/static/drf_spectacular_sidecar/" in url for url in urls)
         for url in urls:

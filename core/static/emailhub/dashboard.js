@@ -32,7 +32,7 @@
 
   function campaigns(tbody, rows) {
     tbody.replaceChildren();
-    if (!rows.length) { empty(tbody, 10, "No campaign is sending or paused."); return; }
+    if (!rows.length) { empty(tbody, 10, "No campaign is scheduled, sending or paused."); return; }
     rows.forEach(function (c) {
       var row = document.createElement("tr");
       row.className = "campaign-row";
@@ -42,7 +42,11 @@
       quiet.className = "quiet";
       quiet.textContent = " #" + c.id + " · " + c.priority + " · " + c.schedule_type;
       name.appendChild(quiet);
-      cell(row, c.status + (c.fanout_done ? "" : " (fan-out running)"), "campaign-status");
+      // Nothing sent yet and nothing due before next_send_at: say when, not "sending 0%".
+      var status = c.waiting ? "waiting — next send at " + c.next_send_display +
+        (c.status === "sending" && !c.fanout_done ? " (fan-out running)" : "") :
+        c.status + (c.fanout_done ? "" : " (fan-out running)");
+      cell(row, status, "campaign-status");
       var td = document.createElement("td");
       var bar = document.createElement("progress");
       bar.className = "campaign-progress";
@@ -99,7 +103,8 @@
       cell(row, p.circuit.fail_counter + "/" + p.circuit.fail_max);
       cell(row, p.rate_limit ? p.rate_limit.per_second + "/s, " +
         (p.rate_limit.tokens === null ? "?" : p.rate_limit.tokens) + " tokens" : "unlimited", "provider-rate");
-      cell(row, p.circuit.last_error);
+      cell(row, p.circuit.last_error ? p.circuit.last_error + " (at " + p.circuit.last_error_at_display + ")" : "",
+        "provider-error");
       tbody.appendChild(row);
     });
   }
