@@ -107,7 +107,12 @@ def parse_mailbox(value: str) -> tuple[str, str]:
     """
     if "\r" in value or "\n" in value:
         raise ValueError("must not contain line breaks (CR or LF)")
-    header = policy.default.header_factory("From", value)
+    try:
+        header = policy.default.header_factory("From", value)
+    except Exception:  # noqa: BLE001 — CPython's parser is not total (see below)
+        # It fails on some values instead of recording a defect: "ann@" raises IndexError in
+        # get_domain, ":;:" AttributeError on a group taken for a mailbox. Each was a 500.
+        raise ValueError(f"{value!r} is not one RFC 5322 mailbox (address or Name <address>)") from None
     if any(isinstance(defect, InvalidHeaderDefect) for defect in header.defects):
         raise ValueError(f"{value!r} is not one RFC 5322 mailbox (address or Name <address>)")
     if len(header.groups) != 1 or header.groups[0].display_name is not None:
