@@ -11,7 +11,7 @@ from typing import Any
 
 from django import forms
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.core.validators import validate_email
+from django.core.validators import RegexValidator, validate_email
 from django.db import models
 from django.forms.fields import InvalidJSONInput
 from rest_framework import serializers
@@ -88,10 +88,15 @@ class SenderForm(forms.ModelForm):
             raise DjangoValidationError([str(message) for message in exc.detail]) from None
 
 
+_LINE_BREAK = "must not contain line breaks (CR or LF)"
+# The same rule as a validator of a field: the OpenAPI schema shows its pattern (drf-spectacular).
+ONE_LINE = RegexValidator(r"^[^\r\n]*\Z", _LINE_BREAK, code="line_break")
+
+
 def no_crlf(value: str) -> str:
     """A header value must not be able to start a new header line."""
     if "\r" in value or "\n" in value:
-        raise serializers.ValidationError("must not contain line breaks (CR or LF)")
+        raise serializers.ValidationError(_LINE_BREAK)
     return value
 
 
