@@ -1,15 +1,17 @@
 """Limits every peer has (issue 18, item 15): a scheduling horizon for every future instant a
 client can give, and key-count and size limits for a message's `context` and a contact's
 `attributes`, each a 400 naming the limit in the error's `limit` member, writing nothing; the
-CSV import applies the same limits."""
+admin's JSON field and the CSV import apply the same limits."""
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
+from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
@@ -182,6 +184,16 @@ def test_contact_attributes_over_their_limits_are_refused_on_create_and_update(a
         api.patch(url, {"attributes": {"bio": "x" * 70_000}}, format="json"), "attributes", ATTRIBUTES_BYTES
     )
     assert Contact.objects.get().attributes == {"plan": "gold"}
+
+
+def test_the_admin_contact_form_applies_the_attribute_limits(admin_client: Client, settings: Any) -> None:
+    settings.EMAILHUB_ATTRIBUTES_MAX_KEYS = 2
+    form = {"email": "ann@example.com", "name": "", "timezone": "UTC", "attributes": json.dumps(many_keys(3))}
+    response = admin_client.post("/admin/campaigns/contact/add/", form)
+    assert response.status_code == 200
+    errors = response.context["adminform"].form.errors["attributes"]
+    assert "EMAILHUB_ATTRIBUTES_MAX_KEYS" in errors[0]
+    assert not Contact.objects.exists()
 
 
 def test_a_csv_import_applies_the_attribute_limits(api: APIClient, settings: Any) -> None:
