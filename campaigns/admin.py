@@ -13,6 +13,8 @@ from django.utils.http import urlencode
 
 from campaigns import lifecycle
 from campaigns.admin_workflows import CampaignWorkflows, ImportJobWorkflows, ScheduleForm, TemplateWorkflows
+from campaigns.api.campaigns import CampaignSerializer, TemplateSerializer
+from campaigns.api.contacts import ContactListSerializer, ContactSerializer, SuppressionSerializer
 from campaigns.erasure import erase_contacts, placeholder_for
 from campaigns.exceptions import CampaignStateError
 from campaigns.models import (
@@ -32,17 +34,36 @@ from campaigns.reporting import campaign_report
 from campaigns.services import compile_template, contact_context
 from core.admin import ZonedTimesMixin
 from core.templating import TemplateSyntaxError
-from core.validators import STORABLE_JSON_FORMFIELDS, SenderForm
+from core.validators import STORABLE_JSON_FORMFIELDS, ApiValidatedForm
+
+
+class ContactForm(ApiValidatedForm):
+    api_serializer = ContactSerializer  # the address (lower-cased, one, unique), name, attributes
+
+
+class ContactListForm(ApiValidatedForm):
+    api_serializer = ContactListSerializer
+
+
+class SuppressionForm(ApiValidatedForm):
+    # Lower-cased as the API stores it: fan-out's anti-join and the send check match that.
+    api_serializer = SuppressionSerializer
+
+
+class TemplateForm(ApiValidatedForm):
+    api_serializer = TemplateSerializer  # defaults: an object, as the API takes
 
 
 @admin.register(Contact)
 class ContactAdmin(ZonedTimesMixin):
-    formfield_overrides = STORABLE_JSON_FORMFIELDS  # NUL in attributes: a form error, not a 500
     """Delete anonymises (campaigns.erasure): the record that mail was sent to a contact stays.
 
     `status` is written by bounces, complaints and unsubscribes, so the form shows it and never
     saves it; a save writes only the fields the operator changed.
     """
+
+    form = ContactForm
+    formfield_overrides = STORABLE_JSON_FORMFIELDS  # NUL in attributes: a form error, not a 500
 
     list_display = ("email", "name", "timezone", "status", "created_at", "anonymised_at")
     list_filter = ("status",)
@@ -97,6 +118,7 @@ class ContactAdmin(ZonedTimesMixin):
 
 @admin.register(ContactList)
 class ContactListAdmin(ZonedTimesMixin):
+    form = ContactListForm
     list_display = ("name", "created_at")
     search_fields = ("name",)
     readonly_fields = ("created_at",)
@@ -114,6 +136,7 @@ class ListMembershipAdmin(ZonedTimesMixin):
 
 @admin.register(Suppression)
 class SuppressionAdmin(ZonedTimesMixin):
+    form = SuppressionForm
     # The detail is the provider's diagnostic (bounce subtype, complaint type): why it is here.
     list_display = ("email", "reason", "detail", "created_at")
     list_filter = ("reason",)
@@ -123,6 +146,7 @@ class SuppressionAdmin(ZonedTimesMixin):
 
 @admin.register(Template)
 class TemplateAdmin(ZonedTimesMixin, TemplateWorkflows):
+    form = TemplateForm
     formfield_overrides = STORABLE_JSON_FORMFIELDS  # NUL in defaults: a form error, not a 500
     list_display = ("name", "subject", "updated_at")
     search_fields = ("name", "subject")
@@ -236,12 +260,23 @@ DRAFT_CONTENT = (
 )  # fmt: skip
 
 
-class CampaignForm(SenderForm):
-    """A draft's form: `holdout_percent` may be left empty (the API's default then applies), so a
-    form that predates the field, or an operator who never sends optimized, needs no value."""
+class CampaignForm(ApiValidatedForm):
+    """A draft's form, validated as the API validates a campaign. `window_hours` and
+    `holdout_percent` are set by the API's schedule call, so their range is the schedule rule's
+    (lifecycle, which refused an out-of-range draft only when it was sent). `holdout_percent` may
+    be left empty (the API's default then applies), so a form that predates the field, or an
+    operator who never sends optimized, needs no value."""
 
+    api_serializer = CampaignSerializer
+
+    window_hours = forms.IntegerField(
+        min_value=lifecycle.WINDOW_HOURS[0], max_value=lifecycle.WINDOW_HOURS[1],
+        initial=lifecycle.DEFAULT_WINDOW_HOURS,
+        help_text="optimized campaigns: each recipient is sent at their best hour within this many hours",
+    )  # fmt: skip
     holdout_percent = forms.IntegerField(
-        required=False, min_value=0, max_value=50, initial=lifecycle.DEFAULT_HOLDOUT_PERCENT,
+        required=False, min_value=lifecycle.HOLDOUT_PERCENT[0], max_value=lifecycle.HOLDOUT_PERCENT[1],
+        initial=lifecycle.DEFAULT_HOLDOUT_PERCENT,
         help_text="optimized campaigns: the share sent at the window's start to measure the lift",
     )  # fmt: skip
 
@@ -263,7 +298,7 @@ class CampaignAdmin(ZonedTimesMixin, CampaignWorkflows):
     """
 
     actions = [start_now, send_optimized, pause, resume, cancel, archive]
-    form = CampaignForm  # from_email: exactly one mailbox, as the API requires
+    form = CampaignForm
     list_display = (
         "name",
         "status",

@@ -20,7 +20,10 @@ record exactly once: ``rows == created + updated + duplicates + rejected``):
   field count that differs from the header, bytes that are not UTF-8 (the reason names the line
   and byte), a NUL character (PostgreSQL cannot store it; the reason names the column), a line
   longer than MAX_LINE_BYTES, an invalid address, an unknown IANA timezone, a name with line
-  breaks or over 200 characters. Nothing of a rejected row is written, and the rows after it are.
+  breaks or over 200 characters, attributes over EMAILHUB_ATTRIBUTES_MAX_BYTES as JSON (a header
+  with more attribute columns than EMAILHUB_ATTRIBUTES_MAX_KEYS fails the file). Nothing of a
+  rejected row is written, and the rows after it are. (An update merges a row's attributes over
+  the stored ones, and the merge is not checked again: the limits bound what each row brings.)
 - **Duplicate**: the address appeared earlier in this file. The row is not dropped: it is merged
   into that contact as if applied after it (its non-empty name and timezone replace the earlier
   ones, its attributes are merged over the earlier ones) and reported as a notice.
@@ -54,6 +57,7 @@ from django.core.validators import validate_email
 from django.db import connection, transaction
 
 from campaigns.models import ContactList
+from core.limits import ATTRIBUTES_BYTES, ATTRIBUTES_KEYS, json_size
 from core.timezones import validate_timezone
 
 # Rows per INSERT. Measured with the 50,000-row test file on local PostgreSQL 15 (fresh import):
@@ -315,6 +319,13 @@ def read_header(chunks: Iterable[bytes]) -> tuple[list[str], Position]:
             f"the header row has no email column (found: {', '.join(seen)}): "
             "add a column named email holding each contact's address"
         )
+    attributes = len([key for key in seen if key not in FIELD_COLUMNS])
+    if attributes > ATTRIBUTES_KEYS.value():
+        # Every row would be refused for it (each column is an attribute key): say so once.
+        raise ImportFileError(
+            f"the header row has {attributes} attribute columns; a contact has at most "
+            f"{ATTRIBUTES_KEYS.value()} attributes ({ATTRIBUTES_KEYS.setting})"
+        )
     return seen, lines.next_position
 
 
@@ -394,6 +405,11 @@ def _validate(columns: list[str], fields: list[str], line: int, raw: str) -> _Ro
                 f"unknown timezone {timezone!r}: use an IANA name such as Europe/London or America/New_York"
             )
     attributes = {key: value for key, value in values.items() if value}
+    if json_size(attributes) > ATTRIBUTES_BYTES.value():
+        return (
+            f"its attributes are {json_size(attributes)} bytes as JSON; at most "
+            f"{ATTRIBUTES_BYTES.value()} ({ATTRIBUTES_BYTES.setting})"
+        )
     return _Row(email, name, timezone, attributes, line, clean_excerpt(raw))
 
 

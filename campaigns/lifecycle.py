@@ -17,6 +17,7 @@ from campaigns import fanout_events
 from campaigns.exceptions import CampaignStateError, InvalidSchedule
 from campaigns.fanout import local_dues, wait_for_step
 from campaigns.models import Campaign
+from core.limits import SCHEDULE_HORIZON, beyond_horizon
 from core.schedule_index import (
     campaign_unit,
     index_after_commit,
@@ -67,7 +68,8 @@ def check_schedule(
     `at` before now minus PAST_SCHEDULE_GRACE, or a `local_time` whose wall time has passed in
     every timezone (past_time_policy is for the recipients for whom it has passed, not for a
     date that is over everywhere), an `optimized` window that starts before now minus
-    PAST_SCHEDULE_GRACE or whose length or holdout is out of range."""
+    PAST_SCHEDULE_GRACE or whose length or holdout is out of range; and one that starts beyond
+    the scheduling horizon (EMAILHUB_SCHEDULE_HORIZON_DAYS)."""
     if schedule_type not in SUPPORTED_SCHEDULES:
         raise InvalidSchedule(
             {"type": f"{schedule_type!r} is not a schedule type; use immediate, at, local_time or optimized"}
@@ -90,6 +92,7 @@ def check_schedule(
                     "or type 'immediate'"
                 }
             )
+    _check_horizon(schedule_type, scheduled_at, local_date, local_time, window_start, now)
     if schedule_type == Campaign.ScheduleType.LOCAL_TIME and local_date and local_time:
         if local_date >= _LAST_LOCAL_DATE:
             # Its instants in the western timezones (and `next_day`) are past datetime's range.
@@ -104,6 +107,32 @@ def check_schedule(
                     "every timezone (the latest, UTC-12, included); give a later date"
                 }
             )
+
+
+def _check_horizon(
+    schedule_type: str,
+    scheduled_at: datetime | None,
+    local_date: date | None,
+    local_time: time | None,
+    window_start: datetime | None,
+    now: datetime,
+) -> None:
+    """No schedule starts beyond EMAILHUB_SCHEDULE_HORIZON_DAYS (core.limits). A local date and
+    time is compared as read in UTC: the horizon is in days, a zone moves it by hours."""
+    given: dict[str, tuple[str, datetime | None]] = {
+        Campaign.ScheduleType.AT: ("scheduled_at", scheduled_at),
+        Campaign.ScheduleType.OPTIMIZED: ("window_start", window_start),
+        Campaign.ScheduleType.LOCAL_TIME: (
+            "local_date",
+            datetime.combine(local_date, local_time, tzinfo=UTC)
+            if local_date and local_time and local_date < _LAST_LOCAL_DATE
+            else None,
+        ),
+    }
+    field, instant = given.get(schedule_type, ("", None))
+    refusal = beyond_horizon(instant, now=now) if instant is not None else None
+    if refusal:
+        raise InvalidSchedule({field: refusal}, codes={field: SCHEDULE_HORIZON.setting})
 
 
 def _check_window(

@@ -21,6 +21,13 @@ responses. An operation that takes no key says `security: []` instead of staying
 A serializer whose view refuses fields it does not declare says so with `refuses_unknown_fields
 = True` (the request schema gets `additionalProperties: false`).
 
+Request bodies are their own components (`COMPONENT_SPLIT_REQUEST`: `ContactRequest`,
+`PatchedContactRequest` beside the response's `Contact`), so they can state what the API takes:
+`minLength: 1` on every string that may not be blank (drf-spectacular), and here a pattern
+asking for one non-whitespace character on those DRF strips first, `minimum: 1` on an id naming another object, `minLength: 1` on a name
+naming one. What no schema can state (an unknown name, a taken one, a date that has passed) is
+listed, with the reason, in tests/test_api_schemathesis.py's UNEXPRESSIBLE.
+
 A `DELETE` that reads a body says so with `delete_takes_body = True` on its view (`DELETE
 /lists/{id}/members` takes `contact_ids`); drf-spectacular documents bodies for PUT, PATCH and
 POST only.
@@ -28,14 +35,17 @@ POST only.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
+from django.core.validators import RegexValidator
 from drf_spectacular import openapi
 from drf_spectacular.plumbing import ResolvedComponent
-from drf_spectacular.utils import OpenApiResponse, extend_schema_field
+from drf_spectacular.utils import OpenApiResponse, PolymorphicProxySerializer, extend_schema_field
 from rest_framework import serializers
 
 from core.api_negotiation import IgnoreAccept
+from core.validators import ONE_LINE
 
 ERROR_COMPONENT = "Error"
 ERROR_REF = {"$ref": f"#/components/schemas/{ERROR_COMPONENT}"}
@@ -105,6 +115,23 @@ URI_TOO_LONG = {
 }
 
 
+def _not_whitespace_class() -> str:
+    """A regex class of one character str.strip() keeps. Spelled out, not `\\S`: regex engines
+    disagree on \\s (Python strips U+001C..U+001F, which ECMA's and Rust's \\s do not match),
+    and a generator reading the schema must produce only what the API takes."""
+    runs: list[list[int]] = []  # [first, last] of each run of consecutive whitespace code points
+    for code in (code for code in range(0x110000) if chr(code).isspace()):
+        if runs and runs[-1][1] == code - 1:
+            runs[-1][1] = code
+        else:
+            runs.append([code, code])
+    return "[^" + "".join(f"\\u{a:04x}" + (f"-\\u{b:04x}" if b != a else "") for a, b in runs) + "]"
+
+
+# A string DRF does not strip to blank: it holds one character that is not whitespace.
+NOT_ONLY_WHITESPACE = _not_whitespace_class()
+
+
 def error_response(status_code: int, description: str | None = None) -> OpenApiResponse:
     """An error response with the `Error` schema, for an `extend_schema(responses=…)`."""
     return OpenApiResponse(ERROR_REF, description=description or ERROR_DESCRIPTIONS[status_code])
@@ -157,11 +184,48 @@ class AutoSchema(openapi.AutoSchema):
         operation["responses"] = dict(sorted(responses.items()))
         return operation
 
+    def _map_serializer_field(self, field: Any, direction: Any, bypass_extensions: bool = False) -> Any:
+        schema = super()._map_serializer_field(field, direction, bypass_extensions)
+        if direction != "request" or not isinstance(schema, dict) or "$ref" in schema:
+            return schema
+        if isinstance(field, serializers.PrimaryKeyRelatedField):
+            schema.setdefault("minimum", 1)  # ids start at 1; 0 and below are no object's
+        elif isinstance(field, serializers.SlugRelatedField) and not field.allow_null:
+            schema.setdefault("minLength", 1)  # a name; "" names nothing (DRF reads it as null)
+        elif isinstance(field, serializers.CharField) and not field.allow_blank and field.trim_whitespace:
+            # DRF strips the value and then refuses it blank: "   " is as blank as "".
+            # (A RegexValidator's pattern, which drf-spectacular adds later, says more: a slug's.)
+            if ONE_LINE in field.validators:
+                schema["pattern"] = f"^[^\\r\\n]*{NOT_ONLY_WHITESPACE}[^\\r\\n]*$"
+            elif "pattern" not in schema and not any(isinstance(v, RegexValidator) for v in field.validators):
+                schema["pattern"] = NOT_ONLY_WHITESPACE
+        return schema
+
+    def _insert_field_validators(self, field: Any, schema: dict[str, Any]) -> None:
+        super()._insert_field_validators(field, schema)
+        # A blank-allowed field with a pattern becomes oneOf [that pattern, maxLength 0]; when the
+        # pattern matches "" too (one line: `^[^\r\n]*$`), "" matches both and oneOf refuses it.
+        # The pattern alone then says it all.
+        branches = schema.get("oneOf")
+        if (
+            isinstance(branches, list)
+            and len(branches) == 2
+            and branches[1] == {"type": "string", "maxLength": 0}
+            and re.search(branches[0].get("pattern", "(?!)"), "")
+        ):
+            schema.update(schema.pop("oneOf")[0])
+
     def _map_basic_serializer(self, serializer: Any, direction: Any) -> dict[str, Any]:
         schema = super()._map_basic_serializer(serializer, direction)
         if direction == "request" and getattr(serializer, "refuses_unknown_fields", False):
             schema["additionalProperties"] = False  # the view answers 400 for any other field
         return schema
+
+    def _get_request_for_media_type(self, serializer: Any, direction: Any = "request") -> Any:
+        schema, required = super()._get_request_for_media_type(serializer, direction)
+        if isinstance(serializer, PolymorphicProxySerializer):
+            required = True  # each variant requires its discriminator (`…/schedule`: `type`)
+        return schema, required
 
     def _get_request_body(self, direction: Any = "request") -> dict[str, Any] | None:
         if self.method != "DELETE" or not getattr(self.view, "delete_takes_body", False):

@@ -3,7 +3,8 @@
     {"error": {"status": 400, "code": "invalid", "message": "…",
                "fields": {"to": ["…"]}, "limit": {"name": "EMAILHUB_API_MAX_BODY_BYTES", "value": 5242880}}}
 
-`fields` is always there (empty when no field is at fault); `limit` only when a limit was hit.
+`fields` is always there (empty when no field is at fault); `limit` only when a limit was hit
+(a 413, the JSON depth, or a field refused for a limit of core.limits, `code: limit_exceeded`).
 Two layers make it: `exception_handler` (DRF's EXCEPTION_HANDLER) shapes what DRF views raise,
 and `ApiErrorMiddleware` shapes everything else on `/api/` paths: Django's own 400/404/500 pages
 (an unknown path, a disallowed host, an exception outside DRF), and any error response a view
@@ -26,6 +27,7 @@ from rest_framework import exceptions
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from core.limits import limit_hit
 from core.outages import DEPENDENCY_UNREACHABLE
 from core.validators import unstorable_reason
 from emailhub.api_json import RequestTooLarge
@@ -150,9 +152,13 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if response is None:
         return None  # a bug: ApiErrorMiddleware logs it and answers a JSON 500
     code = exc.default_code if isinstance(exc, exceptions.APIException) else None
+    limit = getattr(exc, "limit", None)
     if isinstance(exc, exceptions.ValidationError):
         code = "invalid"
-    response.data = shape(response.status_code, response.data, code=code, limit=getattr(exc, "limit", None))
+        hit = limit_hit(exc.detail)  # a field refused for a configured limit (core.limits)
+        if hit is not None:
+            code, limit = "limit_exceeded", hit.error_member()
+    response.data = shape(response.status_code, response.data, code=code, limit=limit)
     return response
 
 
@@ -183,7 +189,7 @@ class ApiErrorMiddleware:
             return _json(
                 411, error_body(411, "send the body with a Content-Length; chunked bodies are not read")
             )
-        refused = self._check_query(request) or self._check_headers(request)
+        refused = self._check_query(request) or self._check_repeated(request) or self._check_headers(request)
         if refused is not None:
             return _json(400, shape(400, refused["fields"]))
         response = self.get_response(request)
@@ -226,6 +232,19 @@ class ApiErrorMiddleware:
                 reason = unstorable_reason(value)
                 if reason:
                     fields[name] = [f"query parameter {name!r} {reason}"]
+        return {"fields": fields} if fields else None
+
+    @staticmethod
+    def _check_repeated(request: HttpRequest) -> dict[str, Any] | None:
+        """{"fields": …} naming each query parameter given more than once: every one the API
+        documents takes one value, and Django's QueryDict silently used the last."""
+        if "&" not in request.META.get("QUERY_STRING", ""):
+            return None
+        fields = {
+            name: [f"query parameter {name!r} is given {len(values)} times; give it once"]
+            for name, values in request.GET.lists()
+            if len(values) > 1
+        }
         return {"fields": fields} if fields else None
 
     @staticmethod

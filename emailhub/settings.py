@@ -343,6 +343,22 @@ EMAILHUB_API_BATCH_MAX_MESSAGES = env_int("EMAILHUB_API_BATCH_MAX_MESSAGES", 100
 # Deepest nesting of arrays/objects in a JSON body; deeper is a 400. No field needs more than a
 # few levels, and Python's json recursion fails near 1,000.
 EMAILHUB_API_MAX_JSON_DEPTH = env_int("EMAILHUB_API_MAX_JSON_DEPTH", 32, minimum=2)
+# The furthest ahead a client may schedule anything (a message's send_at, a campaign's at,
+# local_date or optimized window_start). Providers that schedule bound it far tighter (SendGrid's
+# send_at: 72 hours); a year leaves room for campaigns planned a season ahead. Without it
+# `9999-12-31` sat in the schedule index for ever. Beyond it is a 400 naming this (core.limits).
+EMAILHUB_SCHEDULE_HORIZON_DAYS = env_int("EMAILHUB_SCHEDULE_HORIZON_DAYS", 365, minimum=1)
+# A message's `context` (and a preview's): top-level keys and the size of its compact UTF-8 JSON.
+# Templates name a handful of variables; a receipt with 200 line items is about 20 KB. Each
+# message row stores its context and a send task holds up to 500 of them (EMAILHUB_BATCH_SIZE_LOW):
+# 64 KiB keeps that batch near 32 MB in a worker. Beyond either is a 400 naming the setting.
+EMAILHUB_CONTEXT_MAX_KEYS = env_int("EMAILHUB_CONTEXT_MAX_KEYS", 1000, minimum=1)
+EMAILHUB_CONTEXT_MAX_BYTES = env_int("EMAILHUB_CONTEXT_MAX_BYTES", 64 * 1024, minimum=1024)
+# A contact's `attributes`, likewise (the API, the admin's form, each CSV import row): they are
+# merged into every render of that contact, so the same bounds apply; a CSV with more attribute
+# columns than the key limit is refused at its header.
+EMAILHUB_ATTRIBUTES_MAX_KEYS = env_int("EMAILHUB_ATTRIBUTES_MAX_KEYS", 1000, minimum=1)
+EMAILHUB_ATTRIBUTES_MAX_BYTES = env_int("EMAILHUB_ATTRIBUTES_MAX_BYTES", 64 * 1024, minimum=1024)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["delivery.authentication.ApiKeyAuthentication"],
@@ -362,6 +378,10 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Transactional and campaign email with priorities, scheduling and failover.",
     # The schema documents /api/v1/, not itself (nor the docs pages).
     "SERVE_INCLUDE_SCHEMA": False,
+    # Request bodies get components of their own (`ContactRequest` beside `Contact`): they state
+    # what the API takes (no read-only fields, `minLength: 1` where blank is refused) while the
+    # responses describe what is stored (core/api_schema.py).
+    "COMPONENT_SPLIT_REQUEST": True,
     # One name per choice set (without them drf-spectacular invents `ScheduleType496Enum`).
     "ENUM_NAME_OVERRIDES": {
         "ScheduleTypeEnum": "campaigns.models.Campaign.ScheduleType",

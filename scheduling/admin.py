@@ -14,20 +14,20 @@ from django_celery_beat.models import (
 )
 
 from core.admin import ZonedTimesMixin
-from core.validators import SenderForm
+from core.validators import ApiValidatedForm
 from scheduling import recurring
+from scheduling.api import RecurringScheduleSerializer
 from scheduling.models import RecurringSchedule, ScheduleOccurrence
 
 
-class RecurringScheduleForm(SenderForm):  # from_email: exactly one mailbox, as the API requires
+class RecurringScheduleForm(ApiValidatedForm):
+    api_serializer = RecurringScheduleSerializer  # cron, timezone, schedule_type, from_email as the API
+
     class Meta:
         model = RecurringSchedule
         fields = [
             "name", "cron", "timezone", "template", "contact_list", "priority", "schedule_type", "from_email", "active",
         ]  # fmt: skip
-
-    def clean_cron(self) -> str:
-        return recurring.clean_cron(self.cleaned_data["cron"])
 
 
 @admin.register(RecurringSchedule)

@@ -12,13 +12,14 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from campaigns.models import Campaign, ContactList, Template
+from core import api_input
 from core.validators import validate_mailbox
 from scheduling import recurring
 from scheduling.models import RecurringSchedule
 from scheduling.selectors import schedules_page
 
 
-class RecurringScheduleSerializer(serializers.ModelSerializer):
+class RecurringScheduleSerializer(api_input.ModelSerializer):
     template = serializers.SlugRelatedField(slug_field="name", queryset=Template.objects.all())
     contact_list = serializers.PrimaryKeyRelatedField(queryset=ContactList.objects.all())
     # `timezone` comes from the model field, with its validator (the one timezone rule).
@@ -57,12 +58,12 @@ class RecurringScheduleDetail(generics.RetrieveUpdateDestroyAPIView):
     serializer_class = RecurringScheduleSerializer
 
 
-class QueueCountsSerializer(serializers.Serializer):
+class QueueCountsSerializer(api_input.Serializer):
     pending = serializers.IntegerField(help_text="queued, plus due but not yet dispatched")
     processing = serializers.IntegerField(help_text="sending")
 
 
-class QueueSnapshotSerializer(serializers.Serializer):
+class QueueSnapshotSerializer(api_input.Serializer):
     """Messages per priority (scheduling.selectors.queue_snapshot)."""
 
     critical = QueueCountsSerializer()
@@ -71,7 +72,7 @@ class QueueSnapshotSerializer(serializers.Serializer):
     low = QueueCountsSerializer()
 
 
-class ScheduleRowSerializer(serializers.Serializer):
+class ScheduleRowSerializer(api_input.Serializer):
     id = serializers.CharField(help_text="`recurring-<id>` or `campaign-<id>`")
     campaign_id = serializers.IntegerField(allow_null=True)
     type = serializers.ChoiceField(choices=["recurring", "scheduled"])
@@ -84,7 +85,7 @@ class ScheduleRowSerializer(serializers.Serializer):
     pending_count = serializers.IntegerField()
 
 
-class ScheduleDashboardSerializer(serializers.Serializer):
+class ScheduleDashboardSerializer(api_input.Serializer):
     count = serializers.IntegerField()
     page = serializers.IntegerField()
     page_size = serializers.IntegerField()

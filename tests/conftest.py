@@ -71,6 +71,14 @@ def redis() -> Iterator[redis_lib.Redis]:
 
 
 @pytest.fixture
+def far_horizon(settings) -> None:  # noqa: ANN001
+    """Some cases use fixed dates years ahead (a DST change, a zone's offset on a given day);
+    the scheduling horizon (EMAILHUB_SCHEDULE_HORIZON_DAYS, tests/test_api_limits.py) is not
+    what they test."""
+    settings.EMAILHUB_SCHEDULE_HORIZON_DAYS = 36500
+
+
+@pytest.fixture
 def api_key(db) -> tuple[ApiKey, str]:  # noqa: ANN001
     # Every scope: the suite's tests exercise every endpoint with this one key.
     return create_api_key(f"test-{time.monotonic_ns()}", scopes=["send", "read", "manage"])

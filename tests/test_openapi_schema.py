@@ -5,6 +5,8 @@ it against a live server)."""
 from __future__ import annotations
 
 import json
+import re
+from datetime import timedelta
 from io import StringIO
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,7 @@ import jsonschema
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.core.management import call_command
+from django.utils import timezone
 from drf_spectacular.drainage import GENERATOR_STATS
 from openapi_spec_validator import validate
 from rest_framework.test import APIClient
@@ -20,6 +23,7 @@ from rest_framework.test import APIClient
 from campaigns.import_jobs import create_import_job
 from core.api_schema import ERROR_SCHEMA
 from emailhub.api_errors import error_body
+from tests.campaign_data import make_audience, make_campaign
 
 
 @pytest.fixture(scope="module")
@@ -126,9 +130,9 @@ def test_request_bodies_are_documented_as_accepted(schema: dict[str, Any]) -> No
         for ref in request["discriminator"]["mapping"].values()
     }
     assert set(request["discriminator"]["mapping"]) == {"immediate", "at", "local_time", "optimized"}
-    assert "scheduled_at" in variants["ScheduleAt"]["required"]
-    assert {"local_date", "local_time"} <= set(variants["ScheduleLocalTime"]["required"])
-    assert variants["ScheduleOptimized"]["properties"]["window_hours"]["maximum"] == 168
+    assert "scheduled_at" in variants["ScheduleAtRequest"]["required"]
+    assert {"local_date", "local_time"} <= set(variants["ScheduleLocalTimeRequest"]["required"])
+    assert variants["ScheduleOptimizedRequest"]["properties"]["window_hours"]["maximum"] == 168
     for method in ("post", "delete"):
         members = paths["/api/v1/lists/{id}/members"][method]["requestBody"]["content"]["application/json"]
         assert resolve(schema, members["schema"])["required"] == ["contact_ids"]
@@ -160,9 +164,9 @@ def test_responses_are_typed_where_the_shape_is_known(schema: dict[str, Any]) ->
 
 def test_addresses_enums_and_idempotency_headers_are_declared(schema: dict[str, Any]) -> None:
     components = schema["components"]["schemas"]
-    assert components["MessageCreate"]["properties"]["to"]["format"] == "email"
-    assert components["Contact"]["properties"]["email"]["format"] == "email"
-    assert components["Suppression"]["properties"]["email"]["format"] == "email"
+    assert components["MessageCreateRequest"]["properties"]["to"]["format"] == "email"
+    for name in ("Contact", "ContactRequest", "Suppression", "SuppressionRequest"):
+        assert components[name]["properties"]["email"]["format"] == "email", name
     assert components["PriorityEnum"]["enum"] == ["critical", "high", "normal", "low"]
     assert components["ScheduleTypeEnum"]["enum"] == ["immediate", "at", "local_time", "optimized"]
     assert "ScheduleType496Enum" not in components
@@ -219,5 +223,97 @@ def test_every_json_operation_documents_406(schema: dict[str, Any]) -> None:
 
 def test_the_batch_envelope_is_closed_as_the_view_enforces(schema: dict[str, Any], api: APIClient) -> None:
     assert schema["components"]["schemas"]["BatchRequest"]["additionalProperties"] is False
+    assert "BatchRequestRequest" not in schema["components"]["schemas"]
     extra = api.post("/api/v1/messages/batch", {"messages": [], "priority": "high"}, format="json")
     assert extra.status_code == 400 and "priority" in extra.json()["error"]["fields"]
+
+
+def request_schema(schema: dict[str, Any], path: str, method: str = "post") -> dict[str, Any]:
+    body = schema["paths"][path][method]["requestBody"]["content"]["application/json"]["schema"]
+    return resolve(schema, body)
+
+
+def prop(schema: dict[str, Any], node: dict[str, Any], name: str) -> dict[str, Any]:
+    return resolve(schema, node["properties"][name])
+
+
+def test_a_campaigns_local_time_is_declared_as_the_wall_time_it_is(
+    schema: dict[str, Any], api: APIClient
+) -> None:
+    """Issue 18, item 13: `format: time` is an RFC 3339 time *with an offset*; a campaign's
+    local_time is a wall time ("02:30:00") read in each recipient's zone."""
+    import re
+
+    campaign = success_schema(schema, "/api/v1/campaigns/{id}")
+    local_time = campaign["properties"]["local_time"]
+    assert "format" not in local_time and "wall time" in local_time["description"]
+    assert re.search(local_time["pattern"], "02:30:00") and re.search(
+        local_time["pattern"], "02:30:00.250000"
+    )
+    assert not re.search(local_time["pattern"], "02:30:00Z")
+    variants = request_schema(schema, "/api/v1/campaigns/{id}/schedule")["discriminator"]["mapping"]
+    taken = resolve(schema, {"$ref": variants["local_time"]})["properties"]["local_time"]
+    assert taken["pattern"] == local_time["pattern"] and "format" not in taken
+    for wall in ("02:30", "02:30:00"):
+        assert re.search(taken["pattern"], wall)
+    # The API takes what the schema declares, and refuses the offset it would have dropped.
+    draft = make_campaign(make_audience(1))
+    soon = (timezone.now() + timedelta(days=30)).date().isoformat()
+    body = {"type": "local_time", "local_date": soon, "local_time": "09:00:00+05:00"}
+    refused = api.post(f"/api/v1/campaigns/{draft.pk}/schedule", body, format="json")
+    assert refused.status_code == 400 and "local_time" in refused.json()["error"]["fields"]
+
+
+def success_schema(schema: dict[str, Any], path: str, method: str = "get") -> dict[str, Any]:
+    responses = schema["paths"][path][method]["responses"]
+    code = next(code for code in responses if code.startswith("2"))
+    return resolve(schema, responses[code]["content"]["application/json"]["schema"])
+
+
+def test_request_bodies_declare_the_bounds_the_api_enforces(schema: dict[str, Any]) -> None:
+    """Issue 18, item 14: blank names, empty lists, unknown-length objects the API refuses."""
+    lists = request_schema(schema, "/api/v1/lists")
+    name = prop(schema, lists, "name")
+    assert name["minLength"] == 1  # and what DRF strips to blank does not match:
+    assert re.search(name["pattern"], " a ") and not re.search(name["pattern"], " \t\x1f\u3000 ")
+    template = request_schema(schema, "/api/v1/templates")
+    assert prop(schema, template, "subject")["minLength"] == 1
+    assert prop(schema, template, "defaults")["type"] == "object"
+    campaign = request_schema(schema, "/api/v1/campaigns")
+    assert prop(schema, campaign, "template")["minLength"] == 1
+    assert prop(schema, campaign, "contact_list")["minimum"] == 1
+    recurring = request_schema(schema, "/api/v1/recurring-schedules")
+    assert (
+        prop(schema, recurring, "cron")["minLength"] == 1
+        and prop(schema, recurring, "timezone")["minLength"] == 1
+    )
+    members = request_schema(schema, "/api/v1/lists/{id}/members")
+    assert prop(schema, members, "contact_ids")["minItems"] == 1
+    batch = request_schema(schema, "/api/v1/messages/batch")
+    assert (prop(schema, batch, "messages")["minItems"], prop(schema, batch, "messages")["maxItems"]) == (
+        1,
+        1000,
+    )
+    message = request_schema(schema, "/api/v1/messages")
+    assert prop(schema, message, "context")["maxProperties"] == 1000
+    contact = request_schema(schema, "/api/v1/contacts")
+    attributes = prop(schema, contact, "attributes")
+    assert (
+        attributes["type"] == "object"
+        and attributes["maxProperties"] == 1000
+        and not attributes.get("nullable")
+    )
+    preview = request_schema(schema, "/api/v1/templates/{id}/preview")
+    assert prop(schema, preview, "contact")["minimum"] == 1
+
+
+def test_every_page_size_declares_its_bounds(schema: dict[str, Any]) -> None:
+    sizes = [
+        (path, parameter["schema"])
+        for path, method, operation in operations(schema)
+        for parameter in operation.get("parameters", [])
+        if parameter["name"] == "page_size"
+    ]
+    assert len(sizes) >= 10
+    for path, size in sizes:
+        assert size["type"] == "integer" and size["minimum"] == 1 and size["maximum"] >= 500, path

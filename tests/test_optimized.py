@@ -101,6 +101,7 @@ WINDOWS = [
 ]
 
 
+@pytest.mark.usefixtures("far_horizon")
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize(("start", "hours"), WINDOWS)
 def test_due_instants_in_the_database_are_each_contacts_best_hour_in_the_window(
@@ -144,6 +145,7 @@ def test_due_instants_in_the_database_are_each_contacts_best_hour_in_the_window(
         assert start <= message.due_at < start + timedelta(hours=hours)
 
 
+@pytest.mark.usefixtures("far_horizon")
 @pytest.mark.django_db(transaction=True)
 def test_fall_back_hour_takes_its_first_occurrence_and_a_missing_hour_the_next_day() -> None:
     audience = make_audience(2)

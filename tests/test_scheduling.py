@@ -221,6 +221,7 @@ def test_a_unit_re_added_by_the_reconciler_while_in_flight_still_sends_once(redi
     assert schedule_index.sizes() == {"due": 0, "leased": 0}
 
 
+@pytest.mark.usefixtures("far_horizon")
 @pytest.mark.django_db(transaction=True)
 def test_local_time_campaign_becomes_one_slot_per_distinct_instant(redis) -> None:  # noqa: ANN001
     zones = [
@@ -363,6 +364,7 @@ def test_recurring_schedule_api_rename_keeps_the_beats_due_occurrence_and_a_new_
     assert moved.json()["next_run"] == row.next_run.isoformat().replace("+00:00", "Z")
 
 
+@pytest.mark.usefixtures("far_horizon")
 @pytest.mark.django_db(transaction=True)
 def test_schedule_dashboard_has_the_source_design_shape_with_real_counts(api, redis) -> None:  # noqa: ANN001
     audience = make_audience(4)

@@ -17,6 +17,7 @@ from drf_spectacular.utils import (
     inline_serializer,
 )
 from rest_framework import generics, serializers, status
+from rest_framework.exceptions import ErrorDetail
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -26,11 +27,18 @@ from campaigns.exceptions import CampaignStateError, InvalidSchedule
 from campaigns.models import Campaign, Contact, ContactList, Template
 from campaigns.reporting import campaign_report
 from campaigns.services import compile_template, contact_context
+from core import api_input, limits
 from core.api_schema import error_response
-from core.validators import validate_mailbox
+from core.validators import ONE_LINE, validate_mailbox
 
 
-class TemplateSerializer(serializers.ModelSerializer):
+class TemplateSerializer(api_input.ModelSerializer):
+    # One line (Template.clean says so too; here the schema shows it as a pattern).
+    subject = serializers.CharField(max_length=998, validators=[ONE_LINE])
+    defaults = api_input.JSONObjectField(
+        required=False, help_text="values for variables a recipient has none for"
+    )
+
     class Meta:
         model = Template
         fields = ["id", "name", "subject", "html", "text", "defaults", "created_at", "updated_at"]
@@ -44,12 +52,10 @@ class TemplateSerializer(serializers.ModelSerializer):
             Template(**content).clean()
         except DjangoValidationError as exc:
             raise serializers.ValidationError(exc.message_dict) from None
-        if not isinstance(attrs.get("defaults", {}), dict):
-            raise serializers.ValidationError({"defaults": "must be an object of variable: value"})
         return attrs
 
 
-class ProgressSerializer(serializers.Serializer):
+class ProgressSerializer(api_input.Serializer):
     """A campaign's counters (campaigns.progress), as `progress` shows them."""
 
     total = serializers.IntegerField(help_text="messages fanned out so far (the audience once done)")
@@ -63,10 +69,11 @@ class ProgressSerializer(serializers.Serializer):
     percent_done = serializers.FloatField(min_value=0, max_value=100)
 
 
-class CampaignSerializer(serializers.ModelSerializer):
+class CampaignSerializer(api_input.ModelSerializer):
     template = serializers.SlugRelatedField(slug_field="name", queryset=Template.objects.all())
     contact_list = serializers.PrimaryKeyRelatedField(queryset=ContactList.objects.all())
     progress = serializers.SerializerMethodField()
+    local_time = api_input.WallTimeField(read_only=True, allow_null=True)
 
     class Meta:
         model = Campaign
@@ -132,11 +139,11 @@ def schedule_validated(
     )
 
 
-class ScheduleSerializer(serializers.Serializer):
+class ScheduleSerializer(api_input.Serializer):
     type = serializers.ChoiceField(choices=Campaign.ScheduleType.choices)
     scheduled_at = serializers.DateTimeField(required=False)
     local_date = serializers.DateField(required=False)
-    local_time = serializers.TimeField(required=False)
+    local_time = api_input.WallTimeField(required=False)
     past_time_policy = serializers.ChoiceField(choices=Campaign.PastTimePolicy.choices, required=False)
     # `optimized` (ranges checked by lifecycle.check_schedule, with the field named).
     window_start = serializers.DateTimeField(required=False)
@@ -155,21 +162,23 @@ class ScheduleSerializer(serializers.Serializer):
                 holdout_percent=attrs.get("holdout_percent"),
             )
         except InvalidSchedule as exc:
-            raise serializers.ValidationError({f: [m] for f, m in exc.errors.items()}) from None
+            raise serializers.ValidationError(
+                {f: [ErrorDetail(m, code=exc.codes.get(f, "invalid"))] for f, m in exc.errors.items()}
+            ) from None
         return attrs
 
 
 def _schedule_variant(
     name: str, schedule_type: str, **fields: serializers.Field
-) -> type[serializers.Serializer]:
+) -> type[api_input.Serializer]:
     fields = {"type": serializers.ChoiceField(choices=[schedule_type]), **fields}
-    return type(name, (serializers.Serializer,), fields)
+    return type(name, (api_input.Serializer,), fields)
 
 
 # The body of POST …/schedule as the docs show it: one shape per `type` (a discriminated oneOf).
 # ScheduleSerializer and lifecycle.check_schedule are what validate it.
 SCHEDULE_REQUEST = PolymorphicProxySerializer(
-    component_name="ScheduleRequest",
+    component_name="Schedule",  # "ScheduleRequest" once split (COMPONENT_SPLIT_REQUEST)
     resource_type_field_name="type",
     serializers={
         "immediate": _schedule_variant("ScheduleImmediate", "immediate"),
@@ -180,7 +189,7 @@ SCHEDULE_REQUEST = PolymorphicProxySerializer(
             "ScheduleLocalTime",
             "local_time",
             local_date=serializers.DateField(),
-            local_time=serializers.TimeField(help_text="wall time in each recipient's timezone"),
+            local_time=api_input.WallTimeField(),
             past_time_policy=serializers.ChoiceField(
                 choices=Campaign.PastTimePolicy.choices,
                 required=False,
@@ -234,9 +243,13 @@ class TemplateDetail(generics.RetrieveUpdateDestroyAPIView):
             return _conflict(Exception("campaigns or messages use this template; it cannot be deleted"))
 
 
-class PreviewSerializer(serializers.Serializer):
-    contact = serializers.IntegerField(required=False, allow_null=True)
-    context = serializers.DictField(required=False, default=dict)  # type: ignore[assignment]  # see delivery.api.serializers
+class PreviewSerializer(api_input.Serializer):
+    contact = serializers.IntegerField(
+        required=False, allow_null=True, min_value=1, help_text="a contact's id"
+    )
+    context = api_input.JSONObjectField(  # type: ignore[assignment]  # see delivery.api.serializers
+        required=False, default=dict, limits=(limits.CONTEXT_KEYS, limits.CONTEXT_BYTES)
+    )
 
 
 class TemplatePreview(APIView):
@@ -322,7 +335,7 @@ class CampaignSchedule(CampaignAction):
         return super().post(request, pk)
 
 
-class ReportHitsSerializer(serializers.Serializer):
+class ReportHitsSerializer(api_input.Serializer):
     """Tracking hits by who made them (`unclassified`: recorded before classification existed)."""
 
     human = serializers.IntegerField()
@@ -333,7 +346,7 @@ class ReportHitsSerializer(serializers.Serializer):
     unclassified = serializers.IntegerField()
 
 
-class ReportGroupSerializer(serializers.Serializer):
+class ReportGroupSerializer(api_input.Serializer):
     sent = serializers.IntegerField()
     opened = serializers.IntegerField()
     open_rate = serializers.FloatField(allow_null=True)
@@ -347,14 +360,14 @@ def _interval(help_text: str) -> serializers.ListField:
     )
 
 
-class ReportRateLiftSerializer(serializers.Serializer):
+class ReportRateLiftSerializer(api_input.Serializer):
     difference = serializers.FloatField(allow_null=True, help_text="optimized rate minus holdout rate")
     difference_ci95 = _interval("[low, high], Newcombe hybrid score")
     ratio = serializers.FloatField(allow_null=True)
     ratio_ci95 = _interval("[low, high], Katz log; null when a count is 0")
 
 
-class ReportLiftSerializer(serializers.Serializer):
+class ReportLiftSerializer(api_input.Serializer):
     holdout_percent = serializers.IntegerField()
     method = serializers.CharField()
     optimized = ReportGroupSerializer()
@@ -363,7 +376,7 @@ class ReportLiftSerializer(serializers.Serializer):
     click_rate = ReportRateLiftSerializer()
 
 
-class CampaignReportSerializer(serializers.Serializer):
+class CampaignReportSerializer(api_input.Serializer):
     """campaigns.reporting.campaign_report: rates per message sent, human hits only."""
 
     campaign = serializers.IntegerField()

@@ -30,7 +30,9 @@ from campaigns.import_jobs import create_import_job
 from campaigns.importing import ImportFileError
 from campaigns.models import Contact, ContactList, ImportJob, Suppression
 from campaigns.services import ListInUse, add_list_members, delete_contact_list, remove_list_members
+from core import api_input, limits
 from core.api_schema import EmailAddressField, error_response
+from core.validators import ONE_LINE
 
 MAX_MEMBER_IDS = 10_000  # per request; larger sets go through the CSV import
 
@@ -44,9 +46,13 @@ def _address(value: str) -> str:
     return email
 
 
-class ContactSerializer(serializers.ModelSerializer):
+class ContactSerializer(api_input.ModelSerializer):
     # Declared, so the uniqueness check runs on the lower-cased address (see validate_email).
     email = EmailAddressField(max_length=254)
+    name = serializers.CharField(max_length=200, required=False, allow_blank=True, validators=[ONE_LINE])
+    attributes = api_input.JSONObjectField(
+        required=False, limits=(limits.ATTRIBUTES_KEYS, limits.ATTRIBUTES_BYTES)
+    )
 
     class Meta:
         model = Contact
@@ -63,24 +69,16 @@ class ContactSerializer(serializers.ModelSerializer):
             raise serializers.ValidationError(f"contact {existing} has the address {email} already")
         return email
 
-    def validate_name(self, value: str) -> str:
-        if "\r" in value or "\n" in value:
-            raise serializers.ValidationError("must not contain line breaks (CR or LF)")
-        return value
 
-    def validate_attributes(self, value: Any) -> dict[str, Any]:
-        if not isinstance(value, dict):
-            raise serializers.ValidationError('must be a JSON object, e.g. {"plan": "gold"}')
-        return value
-
-
-class ContactFilterSerializer(serializers.Serializer):
-    email = EmailAddressField(max_length=254, required=False)
+class ContactFilterSerializer(api_input.QueryParameters):
+    # An exact address in any case; a value that is no address matches nothing (not `format:
+    # email`, which would call such a query invalid while it is answered).
+    email = serializers.CharField(max_length=254, required=False, help_text="an exact address, any case")
     list = serializers.IntegerField(required=False, min_value=1, help_text="a list id")
     status = serializers.ChoiceField(choices=Contact.Status.choices, required=False)
 
 
-class ContactListSerializer(serializers.ModelSerializer):
+class ContactListSerializer(api_input.ModelSerializer):
     member_count = serializers.IntegerField(read_only=True)
 
     class Meta:
@@ -89,9 +87,12 @@ class ContactListSerializer(serializers.ModelSerializer):
         read_only_fields = ["id", "created_at"]
 
 
-class MembersSerializer(serializers.Serializer):
+class MembersSerializer(api_input.Serializer):
     contact_ids = serializers.ListField(
-        child=serializers.IntegerField(min_value=1), allow_empty=False, max_length=MAX_MEMBER_IDS
+        child=serializers.IntegerField(min_value=1),
+        allow_empty=False,
+        min_length=1,
+        max_length=MAX_MEMBER_IDS,
     )
 
 
@@ -106,13 +107,13 @@ class AddMembersSerializer(MembersSerializer):
         return sorted(wanted)
 
 
-class MembersResultSerializer(serializers.Serializer):
+class MembersResultSerializer(api_input.Serializer):
     added = serializers.IntegerField(required=False)
     removed = serializers.IntegerField(required=False)
     member_count = serializers.IntegerField()
 
 
-class SuppressionSerializer(serializers.ModelSerializer):
+class SuppressionSerializer(api_input.ModelSerializer):
     email = EmailAddressField(max_length=254)
     detail = serializers.CharField(max_length=2000, required=False, allow_blank=True)
 
@@ -132,15 +133,15 @@ class SuppressionSerializer(serializers.ModelSerializer):
         return email
 
 
-class SuppressionFilterSerializer(serializers.Serializer):
-    email = EmailAddressField(max_length=254, required=False)
+class SuppressionFilterSerializer(api_input.QueryParameters):
+    email = serializers.CharField(max_length=254, required=False, help_text="an exact address, any case")
     reason = serializers.ChoiceField(choices=Suppression.Reason.choices, required=False)
 
 
 _NO_FILE = "send the CSV in the multipart field `file`, or as the request body with Content-Type: text/csv"
 
 
-class ImportUploadSerializer(serializers.Serializer):
+class ImportUploadSerializer(api_input.Serializer):
     file = serializers.FileField(
         help_text="UTF-8 CSV; header row with an email column",
         error_messages={"required": _NO_FILE, "null": _NO_FILE},

@@ -21,10 +21,11 @@ from rest_framework.views import APIView
 from campaigns import import_jobs
 from campaigns.api.pagination import IdCursorPagination
 from campaigns.models import ImportIssue, ImportJob
+from core import api_input
 from core.api_negotiation import IgnoreAccept
 
 
-class ImportJobSerializer(serializers.ModelSerializer):
+class ImportJobSerializer(api_input.ModelSerializer):
     list_id = serializers.IntegerField(source="contact_list_id", allow_null=True, read_only=True)
     list_name = serializers.CharField(
         read_only=True, help_text="the list requested; created when the job runs"
@@ -82,7 +83,7 @@ class ImportJobSerializer(serializers.ModelSerializer):
         return self._url("import-duplicates", job)
 
 
-class ImportIssueSerializer(serializers.ModelSerializer):
+class ImportIssueSerializer(api_input.ModelSerializer):
     class Meta:
         model = ImportIssue
         fields = ["line", "reason", "excerpt"]

@@ -10,12 +10,15 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
+from django.core.validators import MaxLengthValidator
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import exceptions, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from core import api_input
+from core.limits import limit_hit
 from delivery.api.serializer_cache import validated
 from delivery.api.serializers import MessageCreateSerializer, new_message
 from delivery.exceptions import BatchConflict
@@ -48,12 +51,18 @@ class BatchItemSerializer(MessageCreateSerializer):
     )
 
 
-class BatchRequestSerializer(serializers.Serializer):
+class BatchSerializer(api_input.Serializer):
     """The request's documented shape (the view checks the envelope itself, then each item)."""
 
     refuses_unknown_fields = True  # the envelope takes messages and partial only (core.api_schema)
 
-    messages = BatchItemSerializer(many=True, help_text="1 to EMAILHUB_API_BATCH_MAX_MESSAGES (1,000) items")
+    messages = serializers.ListField(
+        child=BatchItemSerializer(),
+        min_length=1,
+        # The schema's maxItems, read when it is generated (the view answers 413 beyond it).
+        validators=[MaxLengthValidator(lambda: settings.EMAILHUB_API_BATCH_MAX_MESSAGES)],
+        help_text="1 to EMAILHUB_API_BATCH_MAX_MESSAGES (1,000) items",
+    )
     # Declared fields leave the class (DRF's metaclass), so these names do not shadow
     # BaseSerializer.partial / Serializer.fields at run time; mypy cannot know that.
     partial = serializers.BooleanField(  # type: ignore[assignment]
@@ -64,14 +73,20 @@ class BatchRequestSerializer(serializers.Serializer):
     )
 
 
-class BatchItemErrorSerializer(serializers.Serializer):
+class LimitSerializer(api_input.Serializer):
+    name = serializers.CharField(help_text="the setting")
+    value = serializers.IntegerField()
+
+
+class BatchItemErrorSerializer(api_input.Serializer):
     status = serializers.IntegerField(help_text="400 (bad field) or 422 (key reused with another body)")
     code = serializers.CharField()
     message = serializers.CharField()
     fields = serializers.DictField(child=serializers.ListField(child=serializers.CharField()))  # type: ignore[assignment]
+    limit = LimitSerializer(required=False, help_text="the limit the item hit, as in the error shape")
 
 
-class BatchResultSerializer(serializers.Serializer):
+class BatchResultSerializer(api_input.Serializer):
     index = serializers.IntegerField(help_text="the item's position in `messages`, from 0")
     id = serializers.IntegerField(required=False, help_text="the message (absent for a rejected item)")
     status = serializers.ChoiceField(choices=["queued", "scheduled", "sending", "sent", "failed",
@@ -82,7 +97,7 @@ class BatchResultSerializer(serializers.Serializer):
     error = BatchItemErrorSerializer(required=False, help_text="why the item was rejected (partial only)")
 
 
-class BatchResponseSerializer(serializers.Serializer):
+class BatchResponseSerializer(api_input.Serializer):
     accepted = serializers.IntegerField()
     rejected = serializers.IntegerField()
     results = BatchResultSerializer(many=True, help_text="one per item, in the request's order")
@@ -124,7 +139,11 @@ def _item_error(status_code: int, code: str, detail: Any) -> dict[str, Any]:
     fields = _flat("", detail, {})
     general = fields.pop("non_field_errors", None)
     message = "; ".join(general) if general else "invalid input: " + ", ".join(fields)
-    return {"status": status_code, "code": code, "message": message, "fields": fields}
+    error = {"status": status_code, "code": code, "message": message, "fields": fields}
+    hit = limit_hit(detail)  # as the error shape does for a whole request (emailhub.api_errors)
+    if hit is not None:
+        error.update(code="limit_exceeded", limit=hit.error_member())
+    return error
 
 
 CONFLICT = "this idempotency_key was already used with a different message"
@@ -134,7 +153,7 @@ class MessageBatchView(APIView):
     required_scopes = {"POST": (ApiKeyScope.SEND,)}
 
     @extend_schema(
-        request=BatchRequestSerializer,
+        request=BatchSerializer,
         responses={
             202: BatchResponseSerializer,
             400: OpenApiResponse(description="a bad envelope, or (all-or-nothing) bad items by index"),

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from core import api_input
 
-class CircuitSerializer(serializers.Serializer):
+
+class CircuitSerializer(api_input.Serializer):
     """delivery.breakers.snapshot: the circuit breaker of a provider endpoint, shared by every worker."""
 
     state = serializers.ChoiceField(choices=["closed", "open", "half-open"])
@@ -22,13 +24,13 @@ class CircuitSerializer(serializers.Serializer):
     last_state_change = serializers.CharField(allow_null=True)
 
 
-class RateLimitSerializer(serializers.Serializer):
+class RateLimitSerializer(api_input.Serializer):
     per_second = serializers.FloatField()
     tokens = serializers.FloatField(allow_null=True, help_text="null when Redis cannot be read")
     reserved_for_transactional = serializers.FloatField()
 
 
-class ProviderSerializer(serializers.Serializer):
+class ProviderSerializer(api_input.Serializer):
     """One circuit: a provider at one endpoint (a provider name whose processes point at two
     servers has two entries)."""
 
@@ -50,19 +52,19 @@ class ProviderSerializer(serializers.Serializer):
     )
 
 
-class ChainsSerializer(serializers.Serializer):
+class ChainsSerializer(api_input.Serializer):
     transactional = serializers.ListField(child=serializers.CharField())
     bulk = serializers.ListField(child=serializers.CharField())
 
 
-class ProviderHealthSerializer(serializers.Serializer):
+class ProviderHealthSerializer(api_input.Serializer):
     chains = ChainsSerializer(help_text="each pool's providers in failover order")
     providers = ProviderSerializer(
         many=True, help_text="one entry per circuit: each provider at each endpoint"
     )
 
 
-class WebhookResultSerializer(serializers.Serializer):
+class WebhookResultSerializer(api_input.Serializer):
     """What a webhook tells the provider it did (delivery.webhooks.base.answer and the
     providers' `acknowledge`); which keys appear depends on the provider and the message."""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
@@ -10,25 +11,30 @@ from rest_framework import serializers
 
 from campaigns.models import Priority, Template
 from campaigns.unsubscribe import CONTEXT_FLAG
+from core import api_input, limits
 from core.api_schema import EmailAddressField
-from core.validators import no_crlf, validate_mailbox
+from core.validators import ONE_LINE, no_crlf, validate_mailbox
 from delivery.models import EmailEvent, Message
 from delivery.services.messages import NewMessage
 from delivery.services.test_sends import TEST_SEND_FLAG
 from delivery.tracking.links import CONTEXT_CLICKS, CONTEXT_OPENS
 
 
-class MessageCreateSerializer(serializers.Serializer):
+class MessageCreateSerializer(api_input.Serializer):
     to = EmailAddressField(max_length=254)
     # `from` is a keyword in Python, so the field is added under its JSON name in __init__.
     reply_to = serializers.CharField(max_length=254, required=False)
-    subject = serializers.CharField(max_length=998, required=False, trim_whitespace=False)
+    subject = serializers.CharField(
+        max_length=998, required=False, trim_whitespace=False, validators=[ONE_LINE]
+    )
     html = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False)
     text = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False)
     template = serializers.SlugField(max_length=100, required=False)
     # A field named like DRF's Field.context attribute: the serializer metaclass moves declared
     # fields out of the class, so there is no clash at run time.
-    context = serializers.DictField(required=False, default=dict)  # type: ignore[assignment]
+    context = api_input.JSONObjectField(  # type: ignore[assignment]
+        required=False, default=dict, limits=(limits.CONTEXT_KEYS, limits.CONTEXT_BYTES)
+    )
     priority = serializers.ChoiceField(choices=Priority.choices, default=Priority.HIGH)
     send_at = serializers.DateTimeField(required=False)
     # RFC 8058 one-click unsubscribe headers and {{ unsubscribe_url }} on a transactional message
@@ -50,11 +56,14 @@ class MessageCreateSerializer(serializers.Serializer):
             raise serializers.ValidationError(f"{value!r} is not a valid email address") from None
         return value.strip()
 
+    def validate_send_at(self, value: datetime) -> datetime:
+        refusal = limits.beyond_horizon(value)
+        if refusal:
+            raise serializers.ValidationError(refusal, code=limits.SCHEDULE_HORIZON.setting)
+        return value
+
     def validate_reply_to(self, value: str) -> str:
         return validate_mailbox(value)
-
-    def validate_subject(self, value: str) -> str:
-        return no_crlf(value)
 
     def validate_context(self, value: dict[str, Any]) -> dict[str, Any]:
         if CONTEXT_FLAG in value:
@@ -120,7 +129,7 @@ def new_message(data: dict[str, Any]) -> NewMessage:
     )
 
 
-class MessageSerializer(serializers.ModelSerializer):
+class MessageSerializer(api_input.ModelSerializer):
     to = EmailAddressField(source="to_email")
     template: serializers.SlugRelatedField = serializers.SlugRelatedField(
         slug_field="name", read_only=True, allow_null=True
@@ -149,7 +158,7 @@ class MessageSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class EmailEventSerializer(serializers.ModelSerializer):
+class EmailEventSerializer(api_input.ModelSerializer):
     class Meta:
         model = EmailEvent
         fields = [
@@ -168,14 +177,14 @@ class EmailEventSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class EventFilterSerializer(serializers.Serializer):
+class EventFilterSerializer(api_input.QueryParameters):
     """The query parameters of GET /api/v1/events; anything else in the query is a 400."""
 
     kind = serializers.ChoiceField(choices=EmailEvent.Kind.choices, required=False)
     provider = serializers.CharField(max_length=20, required=False)
     message = serializers.IntegerField(min_value=1, max_value=2**63 - 1, required=False)
     campaign = serializers.IntegerField(min_value=1, max_value=2**63 - 1, required=False)
-    recipient = serializers.EmailField(max_length=254, required=False)
+    recipient = serializers.CharField(max_length=254, required=False, help_text="an exact address, any case")
     bounce = serializers.ChoiceField(choices=EmailEvent.Bounce.choices, required=False)
     since = serializers.DateTimeField(required=False)  # occurred_at >= since
     until = serializers.DateTimeField(required=False)  # occurred_at < until
