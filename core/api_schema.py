@@ -12,7 +12,9 @@ copied into each view:
 - 406 unless the view answers whatever `Accept` says (core.api_negotiation.IgnoreAccept);
 - 411 and 413 where it takes a body (chunked without Content-Length; larger than the limit);
   415 where DRF parses that body (a Content-Type none of the view's parsers reads);
-- 414 where it takes query parameters: gunicorn's own answer to an overlong request line.
+- 414 where it takes query parameters: gunicorn's own answer to an overlong request line;
+- 503 everywhere: PostgreSQL, Redis or the broker briefly unreachable (a restart, a failover),
+  with `Retry-After` (emailhub/api_errors.py; docs/architecture.md, "Dependency outages").
 
 What only some operations answer (409 from a state conflict, 422 from an idempotency key reused
 with another body) a view declares with `error_response(409, "why")` in its `extend_schema`
@@ -101,6 +103,16 @@ ERROR_DESCRIPTIONS = {
     415: "a Content-Type this operation does not read",
     422: "the request is well-formed but cannot be applied",
     429: "too many requests",
+    503: "a service emailhub depends on (PostgreSQL, Redis, the broker) is briefly unreachable; "
+    "nothing was stored: send the same request again after `Retry-After` seconds",
+}
+
+# The header every dependency-outage 503 carries (api_errors.UNAVAILABLE_RETRY_AFTER_SECONDS).
+RETRY_AFTER_HEADER = {
+    "Retry-After": {
+        "schema": {"type": "integer", "minimum": 1},
+        "description": "seconds to wait before sending the request again",
+    }
 }
 
 
@@ -162,7 +174,7 @@ class AutoSchema(openapi.AutoSchema):
         )
         keyed = bool(operation.get("security"))
         operation.setdefault("security", [])  # no key: said, not left to a reader's guess
-        statuses = [400]
+        statuses = [400, 503]
         if not issubclass(self.view.content_negotiation_class, IgnoreAccept):
             statuses.append(406)
         if keyed:
@@ -176,6 +188,8 @@ class AutoSchema(openapi.AutoSchema):
         responses = operation["responses"]
         for status_code in statuses:
             responses.setdefault(str(status_code), {"description": ERROR_DESCRIPTIONS[status_code]})
+        if responses["503"]["description"] == ERROR_DESCRIPTIONS[503]:
+            responses["503"]["headers"] = RETRY_AFTER_HEADER
         for code, response in responses.items():
             if code[0] in "45":  # whatever a view declared, the body is the one shape
                 response["content"] = {"application/json": {"schema": ERROR_REF}}

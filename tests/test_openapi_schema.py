@@ -317,3 +317,16 @@ def test_every_page_size_declares_its_bounds(schema: dict[str, Any]) -> None:
     assert len(sizes) >= 10
     for path, size in sizes:
         assert size["type"] == "integer" and size["minimum"] == 1 and size["maximum"] >= 500, path
+
+
+def test_every_operation_documents_the_503_of_a_dependency_outage_with_its_retry_after(
+    schema: dict[str, Any],
+) -> None:
+    for path, methods in schema["paths"].items():
+        for method, operation in methods.items():
+            unavailable = operation["responses"]["503"]
+            assert unavailable["content"]["application/json"]["schema"] == {
+                "$ref": "#/components/schemas/Error"
+            }
+            if path != "/api/v1/webhooks/{provider}":  # its own 503 (a signature not checkable now)
+                assert unavailable["headers"]["Retry-After"]["schema"]["type"] == "integer", (method, path)
