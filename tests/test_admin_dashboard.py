@@ -164,6 +164,7 @@ def _local_time_campaign(zones: list[str]) -> Campaign:
     return campaign
 
 
+@pytest.mark.usefixtures("far_horizon")  # fixed dates years ahead
 def test_a_campaign_waiting_for_its_first_due_instant_shows_when_it_sends_next_not_a_zero_rate(
     admin_client: Client, smtp: SMTPTestServer
 ) -> None:
@@ -202,6 +203,7 @@ def test_a_campaign_waiting_for_its_first_due_instant_shows_when_it_sends_next_n
     assert row["rate_per_second"] is not None
 
 
+@pytest.mark.usefixtures("far_horizon")  # fixed dates years ahead
 def test_the_next_due_instants_of_all_campaigns_are_one_query(django_assert_num_queries: Any) -> None:
     waiting = _local_time_campaign(["Asia/Tokyo", "Europe/London"])
     sending = make_campaign(make_audience(2, name="now", prefix="n"), name="now")

@@ -437,6 +437,7 @@ def test_a_campaign_page_offers_delete_only_where_the_lifecycle_would_delete(
     )
 
 
+@pytest.mark.usefixtures("far_horizon")  # fixed dates years ahead
 def test_a_campaign_waiting_for_its_first_due_instant_says_when_it_sends_next(
     admin_client: Client, draft: Campaign
 ) -> None:
