@@ -137,6 +137,10 @@ class Stack:
             self.metrics_dir = Path(tempfile.mkdtemp(prefix="emailhub-metrics-"))
             self._own_metrics_dir = True
             self.env = {**self.env, MULTIPROC_ENV: str(self.metrics_dir)}
+        # The workers' liveness files (core/liveness.py) beside the stack's logs: two stacks on one
+        # machine (a test, a bench, the demo) run workers of the same node names, and one's file
+        # must not vouch for the other's worker.
+        self.env = {"EMAILHUB_WORKER_LIVENESS_DIR": str(self.log_dir), **self.env}
 
     def start(
         self,
