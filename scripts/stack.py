@@ -234,9 +234,24 @@ class Stack:
         self.signal(key, signal.SIGKILL)
         del self.processes[key]
 
-    def stop_all(self) -> None:
-        for key in list(self.processes):
-            self.stop(key)
+    def stop_all(self, timeout: float = 15.0, *, graceful: bool = True) -> None:
+        """SIGTERM every process at once, then wait for each (SIGKILL after `timeout`): the
+        processes shut down side by side, not one after the other (a Celery worker's warm
+        shutdown takes a second or more; the suite spent 137 s in sequential teardowns).
+        `graceful=False` SIGKILLs them at once: a test's teardown, where nothing is left to finish
+        and nothing reads what a shutdown writes."""
+        for key, process in self.processes.items():
+            if process.alive:
+                self.signal(key, signal.SIGTERM if graceful else signal.SIGKILL)
+        deadline = time.monotonic() + timeout
+        for key, process in list(self.processes.items()):
+            try:
+                process.popen.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                self.signal(key, signal.SIGKILL)
+                process.popen.wait(timeout=10)
+            self.signal(key, signal.SIGKILL)  # children left in the group (a forked worker) go too
+            del self.processes[key]
         if self._own_metrics_dir:
             shutil.rmtree(self.metrics_dir, ignore_errors=True)
 

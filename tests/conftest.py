@@ -118,7 +118,8 @@ def stack(
     try:
         yield stack
     finally:
-        stack.stop_all()
+        # The test is over: nothing a warm shutdown would finish is looked at any more.
+        stack.stop_all(graceful=False)
 
 
 @pytest.fixture
