@@ -385,7 +385,7 @@ def live_api(
             assert served["paths"].keys() == schema.raw_schema["paths"].keys()
             yield base, {"Authorization": f"Bearer {raw}"}
         finally:
-            stack.stop_all()
+            stack.stop_all(graceful=False)  # the module is over: nothing left to finish
             KNOWN.clear()
             REFERENCES.clear()
             call_command("flush", interactive=False, verbosity=0)

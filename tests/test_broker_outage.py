@@ -94,7 +94,7 @@ def test_redis_restarts_under_a_running_stack_lose_nothing_kill_no_worker_and_ne
     web_port: int,
     tmp_path: Path,
 ) -> None:
-    size = 1200
+    size = 800
     with RedisServer() as redis_server:
         env = {
             "REDIS_URL": redis_server.url,
