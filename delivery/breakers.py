@@ -296,6 +296,11 @@ def call_replayed(breaker: pybreaker.CircuitBreaker, func: Callable[[], T]) -> T
     # judged it: a call already in flight when another process opened the circuit still counts.
     with breaker._lock:
         state = breaker.state
+    if state.name == pybreaker.STATE_OPEN and not _probe_due(breaker):
+        # Another process opened the circuit after the caller looked: the provider is not called
+        # (pybreaker would refuse the outcome uncounted, after the provider had been called).
+        wait = _seconds_until_probe(breaker)
+        raise CircuitOpen(f"circuit open, next probe in {wait:.0f} s", wait)
     failure: BaseException | None = None
     result: T | None = None
     try:
@@ -304,8 +309,11 @@ def call_replayed(breaker: pybreaker.CircuitBreaker, func: Callable[[], T]) -> T
         raise
     except BaseException as exc:  # noqa: BLE001 - replayed below, unchanged
         failure = exc
+    replayed = False
 
     def replay() -> T:
+        nonlocal replayed
+        replayed = True
         if failure is not None:
             raise failure
         return result  # type: ignore[return-value]
@@ -318,6 +326,12 @@ def call_replayed(breaker: pybreaker.CircuitBreaker, func: Callable[[], T]) -> T
             # Another process opened the circuit while this call was at the provider, and the
             # provider took it: what it accepted stays accepted (never re-sent elsewhere).
             return result  # type: ignore[return-value]
+        if not replayed and breaker.is_system_error(failure):
+            # This probe started on a circuit whose reset timeout had passed, and another
+            # process's probe re-opened it meanwhile: pybreaker refuses the outcome before
+            # counting it, but the provider did fail this call.
+            for listener in breaker.listeners:
+                listener.failure(breaker, failure)
         # pybreaker raises this instead of the original error on the call that trips it.
         raise ProviderUnavailable(f"{failure} (circuit now open)") from failure
 

@@ -159,3 +159,45 @@ def test_two_processes_tripping_at_once_count_one_opening() -> None:
     snapshot = breakers.snapshot("ses")
     assert snapshot["state"] == "open" and snapshot["failures_total"] == 4
     assert snapshot["times_opened"] == 1
+
+
+def trip(breaker_name: str = "ses") -> None:
+    for _ in range(3):
+        with pytest.raises(ProviderUnavailable):
+            breakers.guarded_call(breaker_name, down)
+
+
+def test_a_process_that_saw_the_circuit_closed_never_calls_the_provider_another_just_opened() -> None:
+    for _ in range(2):
+        with pytest.raises(ProviderUnavailable):
+            breakers.guarded_call("ses", down)
+    looked_while_closed = breakers.breaker_for("ses")
+    another_process()
+    with pytest.raises(ProviderUnavailable):  # the other process's third failure opens it
+        breakers.call_replayed(breakers.breaker_for("ses"), down)
+    calls = []
+    with pytest.raises(breakers.CircuitOpen):
+        breakers.call_replayed(looked_while_closed, lambda: calls.append("sent"))
+    assert calls == []
+    assert breakers.snapshot("ses")["failures_total"] == 3
+
+
+def test_a_probe_whose_circuit_another_probe_reopened_still_counts_its_failure() -> None:
+    trip()
+    # The reset timeout has passed: the instant the circuit opened is moved back, not slept
+    # through (pybreaker's storage only ever moves it forward, so the key is written directly).
+    prober = breakers.breaker_for("ses")
+    opened_at_key = prober._state_storage._namespace("opened_at")
+    breakers.redis_client().set(opened_at_key, int(time.time()) - 5)
+
+    def refused_while_the_other_probe_fails() -> list[SendResult]:
+        another_process()
+        with pytest.raises(ProviderUnavailable):  # the other process probes too, and re-opens it
+            breakers.call_replayed(breakers.breaker_for("ses"), down)
+        raise ProviderUnavailable("SES 500")
+
+    with pytest.raises(ProviderUnavailable, match="SES 500"):
+        breakers.call_replayed(prober, refused_while_the_other_probe_fails)
+    snapshot = breakers.snapshot("ses")
+    assert snapshot["state"] == "open" and snapshot["failures_total"] == 5  # 3 + both probes
+    assert "SES 500" in str(snapshot["last_error"])
