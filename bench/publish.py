@@ -2,14 +2,16 @@
 
     .venv/bin/python bench/publish.py [--tasks 2000] [--rounds 5]
 
-Publishes `delivery.send_messages([id])` tasks with core.outbox's own publish path (one event
-per call, as a web request does; the task message built by core.outbox._publish, not by
-Celery's send_task since de656eb) to a queue of its own (`bench_publish`) in BENCH_REDIS_URL
-(default Redis database 14), alternately:
-- `pool`: a producer acquired from Celery's pool per call (what the workers do, and the web did);
-- `kept`: the producer the calling thread keeps (`outbox.keep_producer_per_thread()`, the web's).
-Rounds alternate the two so both see the same machine; the last lines are the medians of CPU
-(process time) and wall time per task, and their ratio. It deletes its queue at the end.
+Publishes `delivery.send_messages([id])` tasks through core.outbox's publish path (one event
+per call, as a web request does) to a queue of its own (`bench_publish`) in BENCH_REDIS_URL
+(default Redis database 14), with each publisher in turn:
+- `celery`: the plain publisher, Celery's send_task over a producer from Celery's pool per call
+  (core.outbox.CeleryPublisher; EMAILHUB_FAST_PATHS without `publish`): the reference;
+- `pool`: the fast publisher's own messages (fastpaths/publish.py) over a producer from the pool
+  (what the workers do);
+- `kept`: the fast publisher over the producer the calling thread keeps (the web's).
+Rounds rotate the order so all see the same machine; the last lines are the medians of CPU
+(process time) and wall time per task, and the ratios to `celery`. It deletes its queue at the end.
 """
 
 from __future__ import annotations
@@ -32,11 +34,18 @@ import django  # noqa: E402
 django.setup()
 
 import redis  # noqa: E402
+from django.conf import settings  # noqa: E402
 
 from core import outbox  # noqa: E402
+from fastpaths import publish  # noqa: E402
 
 KIND = "bench_publish"
 QUEUE = "bench_publish"
+PUBLISHERS = {
+    "celery": "core.outbox.CeleryPublisher",
+    "pool": "fastpaths.publish.ProtocolPublisher",
+    "kept": "fastpaths.publish.ProtocolPublisher",
+}
 
 
 def one_round(tasks: int) -> tuple[float, float]:
@@ -53,13 +62,16 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tasks", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--fast-only", action="store_true", help="only `pool` and `kept` (no reference)")
     args = parser.parse_args()
     outbox.register_kind(KIND, "delivery.send_messages", args=lambda p: [p["ids"]], queue=lambda p: QUEUE)
-    results: dict[str, list[tuple[float, float]]] = {"pool": [], "kept": []}
+    modes = ["pool", "kept"] if args.fast_only else ["celery", "pool", "kept"]
+    results: dict[str, list[tuple[float, float]]] = {mode: [] for mode in modes}
     try:
         for round_no in range(args.rounds):
-            for mode in ("pool", "kept") if round_no % 2 == 0 else ("kept", "pool"):
-                outbox._keep_per_thread = mode == "kept"
+            for mode in modes[round_no % len(modes) :] + modes[: round_no % len(modes)]:
+                settings.EMAILHUB_OUTBOX_PUBLISHER = PUBLISHERS[mode]
+                publish._keep_per_thread = mode == "kept"
                 one_round(50)  # warm-up: connections, declarations
                 cpu, wall = one_round(args.tasks)
                 results[mode].append((cpu, wall))
@@ -71,12 +83,14 @@ def main() -> None:
         published = client.llen(QUEUE)
         client.delete(QUEUE, f"_kombu.binding.{QUEUE}", f"_kombu.binding_permanent.{QUEUE}")
         print(f"{published} tasks were in {QUEUE} (deleted)")
-    for mode in ("pool", "kept"):
+    for mode in modes:
         print(f"publish_{mode}_cpu_us: {median(c for c, _ in results[mode]):.0f} us")
         print(f"publish_{mode}_wall_us: {median(w for _, w in results[mode]):.0f} us")
-    pool_cpu = median(c for c, _ in results["pool"])
-    kept_cpu = median(c for c, _ in results["kept"])
-    print(f"publish_kept_cpu_ratio: {kept_cpu / pool_cpu:.2f}")
+    if args.fast_only:
+        return
+    celery_cpu = median(c for c, _ in results["celery"])
+    for mode in ("pool", "kept"):
+        print(f"publish_{mode}_cpu_ratio: {median(c for c, _ in results[mode]) / celery_cpu:.2f}")
 
 
 if __name__ == "__main__":

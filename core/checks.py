@@ -12,9 +12,9 @@ from core import outbox
 
 @checks.register(checks.Tags.compatibility)
 def outbox_publish_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """core.outbox builds its task messages itself, for the Celery settings this project uses;
-    a setting it would silently not apply stops the process instead."""
-    return [checks.Error(problem, id="core.E001") for problem in outbox.unsupported_publish_settings()]
+    """The outbox's publisher may build task messages itself (fastpaths/publish.py), for the
+    Celery settings this project uses; a setting it would silently not apply stops the process."""
+    return [checks.Error(problem, id="core.E001") for problem in outbox.publisher().configuration_problems()]
 
 
 @checks.register(checks.Tags.security, deploy=True)

@@ -13,22 +13,18 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import threading
-import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
-from celery.utils.nodenames import anon_nodename
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Min
 from django.utils import timezone
-from kombu.utils.uuid import uuid
+from django.utils.module_loading import import_string
 
 from core.models import OutboxEvent
 from emailhub.celery import app as celery_app
@@ -74,146 +70,25 @@ def registered_kinds() -> dict[str, str]:
     return {kind: spec.task_name for kind, spec in _kinds.items()}
 
 
-def _publish(kind: str, payload: Payload, producer: Any) -> None:
+def task_for(kind: str, payload: Payload) -> Task:
+    """The task an event of `kind` with `payload` publishes."""
     spec = _kinds.get(kind)
     if spec is None:
         raise ValueError(f"unknown outbox event kind {kind!r}")
-    args = spec.args(payload)
     kwargs = spec.kwargs(payload) if spec.kwargs is not None else {}
-    route = _route(spec.queue(payload))
-    # The queue declared once per channel, as kombu's maybe_declare would (it caches per
-    # connection too, but binds a copy of the queue to the channel on every call first: 4% of an
-    # accepted request's CPU in py-spy).
-    declared = _declared.setdefault(producer.channel, set())
-    if route.queue_name not in declared:
-        producer.maybe_declare(route.queue)
-        declared.add(route.queue_name)
-    task_id = uuid()
-    producer.publish(
-        # Payloads come from JSON (the outbox's jsonb column, or are stored there), so the
-        # standard library's encoder is enough; kombu's walks every value for its own types.
-        json.dumps([args, kwargs, _EMBED]),
-        exchange=route.exchange,
-        routing_key=route.routing_key,
-        content_type="application/json",
-        content_encoding="utf-8",
-        retry=False,
-        delivery_mode=route.delivery_mode,
-        headers=_task_headers(spec.task_name, task_id, args, kwargs),
-        correlation_id=task_id,
-        reply_to=celery_app.thread_oid,
-    )
+    return Task(spec.task_name, spec.args(payload), kwargs, spec.queue(payload))
 
 
-# The task messages are Celery's protocol 2, built here as `Celery.send_task` builds them
-# (`app.amqp.as_task_v2`, then `send_task_message`'s routing), with what is the same for every
-# message of a queue worked out once. send_task did that work on every call: its router, a
-# dozen configuration look-ups through Django's settings, the retry policy merged, the queue's
-# exchange resolved, kombu's JSON encoder walking the arguments (bench/publish.py, kept producer:
-# 289–347 µs of CPU a task through send_task, 132–161 µs built here).
-# tests/test_outbox_messages.py checks the messages against send_task's own, on Redis and on
-# RabbitMQ. Not sent: Celery's before/after_task_publish signals, which nothing here listens to.
-_EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
+class Task(NamedTuple):
+    """One task to put on the broker: what `Celery.send_task` is given."""
+
+    name: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    queue: str
 
 
-@dataclass(frozen=True)
-class _Route:
-    queue_name: str
-    queue: Any  # kombu.Queue
-    exchange: str
-    routing_key: str
-    delivery_mode: int | str  # kombu maps "persistent"/"transient"
-
-
-_routes: dict[str, _Route] = {}
-# Channel → the queues declared on it; a new channel (a reconnect) starts empty.
-_declared: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
-
-
-def _route(queue_name: str) -> _Route:
-    """Where send_task_message would publish a task for `queue_name` (a direct exchange becomes
-    the anonymous exchange with the queue's name as routing key), and the queue to declare."""
-    route = _routes.get(queue_name)
-    if route is None:
-        queue = celery_app.amqp.queues[queue_name]  # created like send_task's if not configured
-        exchange, routing_key = queue.exchange.name, queue.routing_key
-        if queue.exchange.type == "direct":
-            exchange, routing_key = "", queue_name
-        delivery_mode = queue.exchange.delivery_mode or celery_app.conf.task_default_delivery_mode
-        route = _Route(queue_name, queue, exchange, routing_key, delivery_mode)
-        _routes[queue_name] = route
-    return route
-
-
-# The settings and task options that Celery.send_task would apply and _publish does not (none
-# is set in this project): each would change the messages, so each is refused at start-up
-# (core/checks.py) rather than ignored.
-_UNSUPPORTED_SETTINGS = {
-    "task_routes": None,
-    "task_compression": None,
-    "task_protocol": 2,
-    "task_send_sent_event": False,
-    "task_default_priority": None,
-    "task_inherit_parent_priority": False,
-}
-# Time limits are not here: a message without them runs under the task's and the worker's own.
-# Nor are a task decorator's own priority, expires or compression, which send_task would also
-# apply: the outbox's tasks set none (tests/test_outbox_messages.py compares the messages).
-
-
-def unsupported_publish_settings() -> list[str]:
-    """What the configuration asks of a publish that core.outbox's own messages would not do."""
-    return [
-        f"CELERY_{name.upper()} is set to {getattr(celery_app.conf, name)!r}; core.outbox builds task "
-        f"messages itself and supports only {default!r} (core/outbox.py _publish)"
-        for name, default in _UNSUPPORTED_SETTINGS.items()
-        if getattr(celery_app.conf, name, default) != default
-    ]
-
-
-_origin: tuple[int, str] = (0, "")
-
-
-def _origin_name() -> str:
-    """send_task's `origin` header: this process's node name (a forked worker child has its own)."""
-    global _origin
-    pid = os.getpid()
-    if _origin[0] != pid:
-        _origin = (pid, anon_nodename())
-    return _origin[1]
-
-
-def _task_headers(task_name: str, task_id: str, args: list[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "lang": "py",
-        "task": task_name,
-        "id": task_id,
-        "shadow": None,
-        "eta": None,
-        "expires": None,
-        "group": None,
-        "group_index": None,
-        "retries": 0,
-        "timelimit": [None, None],
-        "root_id": task_id,
-        "parent_id": None,
-        # The readable copies of the arguments, made with repr() and cut at Celery's 1,024
-        # characters: Celery's own saferepr walk was a quarter of a publish's CPU (profiled).
-        "argsrepr": _cut(repr(args)),
-        "kwargsrepr": _cut(repr(kwargs)),
-        "origin": _origin_name(),
-        "ignore_result": None,  # send_task's: the task's own setting decides
-        "replaced_task_nesting": 0,
-        "stamped_headers": None,
-        "stamps": {},
-    }
-
-
-def _cut(text: str, limit: int = 1024) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-# Events per broker round trip where the transport batches publishes (kombu's Redis transport
+# Tasks per broker round trip where the transport batches publishes (kombu's Redis transport
 # pipelines the LPUSHes; RabbitMQ publishes each at once). One round trip per task was what made
 # the scheduler late: publishing the 550 tasks of 1,000 due messages took 2.4 s of a 2.6 s dispatch
 # whose CPU was 0.56 s, the rest waiting on the socket on a loaded machine; pipelined, the whole
@@ -221,86 +96,81 @@ def _cut(text: str, limit: int = 1024) -> str:
 PUBLISH_BATCH = 500
 
 
-class _KeptProducer(threading.local):
-    producer: Any = None
-    pid: int = 0
+class Publisher:
+    """Puts the outbox's tasks on the broker. The steps are fixed here; a publisher says where
+    its producer comes from (`producer`) and how one task is sent over it (`send`).
 
-
-_kept = _KeptProducer()
-_keep_per_thread = False
-
-
-def keep_producer_per_thread() -> None:
-    """Publish, in this process, through one producer per thread kept across calls (the web's,
-    installed from emailhub/wsgi.py) instead of one acquired from Celery's pool per call.
-
-    Acquiring from the pool, and kombu's Redis channel making a new redis-py client for every
-    LPUSH (its response-callback table rebuilt each time), were ~100 of the ~250 µs of CPU a
-    request's publish took (profiled). The kept producer has its own broker connection, outside
-    the pool (so web threads can never exhaust the pool's limit), and, on Redis, one client over
-    the channel's connection pool. The messages are the same `send_task` messages. A failed
-    publish closes it (the outbox row stays for the relay, as before); the next one reconnects.
+    `publish` sends `tasks` in order and calls `sent(n)` each time the next `n` of them have gone
+    out; a failure propagates, and what `sent` was told is all that went out. In a batch a task
+    counts as out once its batch is flushed: a failed batch is left to the relay whole (a task of
+    it that did go out is published twice, which the conditional claims make harmless).
     """
-    global _keep_per_thread
-    _keep_per_thread = True
+
+    def producer(self) -> AbstractContextManager[Any]:
+        raise NotImplementedError
+
+    def send(self, task: Task, producer: Any) -> None:
+        raise NotImplementedError
+
+    def configuration_problems(self) -> list[str]:
+        """What in the configuration this publisher would not honour (core.E001 at start-up)."""
+        return []
+
+    def publish(self, tasks: Sequence[Task], sent: Callable[[int], None]) -> None:
+        with self.producer() as producer:
+            # One task (a web request's) is one LPUSH without a pipeline: the same round trip,
+            # less CPU.
+            if len(tasks) == 1 or not producer.supports_batch_publish:
+                for task in tasks:
+                    self.send(task, producer)
+                    sent(1)
+                return
+            for start in range(0, len(tasks), PUBLISH_BATCH):
+                chunk = tasks[start : start + PUBLISH_BATCH]
+                # Room for a queue's expiry commands too (LPUSH + a PEXPIRE per priority step).
+                with producer.batch(max_size=PUBLISH_BATCH * 16):
+                    for task in chunk:
+                        self.send(task, producer)
+                sent(len(chunk))
 
 
-def _new_kept_producer() -> Any:
-    producer = celery_app.connection_for_write().Producer()
-    channel: Any = producer.channel
-    make_client = getattr(channel, "_create_client", None)
-    if make_client is not None:  # kombu's Redis channel: one client instead of one per publish
-        client = make_client()
+class CeleryPublisher(Publisher):
+    """Celery's own `send_task`, over a producer from the app's pool: the plain publisher
+    (EMAILHUB_FAST_PATHS without `publish`). fastpaths/publish.py builds the same messages for
+    less CPU."""
 
-        @contextmanager
-        def conn_or_acquire(given: Any = None) -> Iterator[Any]:
-            yield given or client
+    def producer(self) -> AbstractContextManager[Any]:
+        return celery_app.producer_or_acquire()
 
-        channel.conn_or_acquire = conn_or_acquire
-    return producer
+    def send(self, task: Task, producer: Any) -> None:
+        celery_app.send_task(
+            task.name, args=task.args, kwargs=task.kwargs, queue=task.queue, producer=producer, retry=False
+        )
 
 
-@contextmanager
-def _producer() -> Iterator[Any]:
-    if not _keep_per_thread:
-        with celery_app.producer_or_acquire() as producer:
-            yield producer
-        return
-    producer = _kept.producer
-    if producer is None or _kept.pid != os.getpid():  # none yet, or inherited across a fork
-        producer = _new_kept_producer()
-    _kept.producer, _kept.pid = None, os.getpid()
-    try:
-        yield producer
-    except BaseException:
-        try:
-            producer.connection.close()
-        except Exception:  # noqa: BLE001 - it is being thrown away; the error that matters propagates
-            logger.debug("closing a failed publisher connection failed", exc_info=True)
-        raise
-    _kept.producer = producer
+_publisher: tuple[str, Publisher] | None = None
+
+
+def publisher() -> Publisher:
+    """The publisher settings.EMAILHUB_OUTBOX_PUBLISHER names (a dotted path to its class)."""
+    global _publisher
+    path = settings.EMAILHUB_OUTBOX_PUBLISHER
+    if _publisher is None or _publisher[0] != path:
+        _publisher = (path, import_string(path)())
+    return _publisher[1]
 
 
 def _publish_all(events: list[tuple[int, str, Payload]], published: list[int]) -> None:
-    """Publish over one producer connection, appending each id that went out to `published`;
-    a failure stops the loop and propagates, `published` still says what went out. In a batch
-    an event counts as out once its batch is flushed: a failed batch is left to the relay whole
-    (an event of it that did go out is published twice, which is harmless)."""
-    with _producer() as producer:
-        # One event (a web request's) is one LPUSH without a pipeline: the same round trip,
-        # less CPU.
-        if len(events) == 1 or not producer.supports_batch_publish:
-            for event_id, kind, payload in events:
-                _publish(kind, payload, producer)
-                published.append(event_id)
-            return
-        for start in range(0, len(events), PUBLISH_BATCH):
-            chunk = events[start : start + PUBLISH_BATCH]
-            # Room for a queue's expiry commands too (LPUSH + a PEXPIRE per priority step).
-            with producer.batch(max_size=PUBLISH_BATCH * 16):
-                for _, kind, payload in chunk:
-                    _publish(kind, payload, producer)
-            published.extend(event_id for event_id, _, _ in chunk)
+    """Publish `events`, appending each id that went out to `published`; a failure propagates,
+    and `published` still says what went out (Publisher.publish)."""
+    tasks = [task_for(kind, payload) for _, kind, payload in events]
+    start = len(published)
+
+    def sent(count: int) -> None:
+        done = len(published) - start
+        published.extend(event_id for event_id, _, _ in events[done : done + count])
+
+    publisher().publish(tasks, sent)
 
 
 def _publish_after_commit(events: list[tuple[int, str, Payload]]) -> None:
@@ -332,10 +202,10 @@ def _delete(event_ids: list[int]) -> None:
         cursor.execute(_DELETE_SQL, [event_ids])
 
 
-def record_many(events: list[tuple[str, Payload]], *, publisher: Executor | None = None) -> None:
+def record_many(events: list[tuple[str, Payload]], *, publish_on: Executor | None = None) -> None:
     """Record events in the caller's transaction (one INSERT) and publish them after it commits.
 
-    With `publisher` (an executor), publishing happens on its thread, so the caller can go on
+    With `publish_on` (an executor), publishing happens on its thread, so the caller can go on
     with its next transaction meanwhile (fan-out does); the caller waits for the executor before
     it finishes. A crash before they are published leaves the rows to the relay, as always.
     """
@@ -349,10 +219,10 @@ def record_many(events: list[tuple[str, Payload]], *, publisher: Executor | None
         [OutboxEvent(kind=kind, payload=payload) for kind, payload in events]
     )
     pending = [(row.pk, row.kind, row.payload) for row in rows]
-    if publisher is None:
+    if publish_on is None:
         transaction.on_commit(lambda: _publish_after_commit(pending))
     else:
-        transaction.on_commit(lambda: publisher.submit(_publish_after_commit, pending))
+        transaction.on_commit(lambda: publish_on.submit(_publish_after_commit, pending))
 
 
 def record(kind: str, payload: Payload) -> None:

@@ -218,6 +218,23 @@ EMAILHUB_MAX_ATTEMPTS = env_int("EMAILHUB_MAX_ATTEMPTS", 8, minimum=1)
 # Retry backoff: base * 2**(attempt-1), capped, with full jitter.
 EMAILHUB_RETRY_BASE_SECONDS = env_float("EMAILHUB_RETRY_BASE_SECONDS", 30.0, minimum=0.0)
 EMAILHUB_RETRY_MAX_SECONDS = env_float("EMAILHUB_RETRY_MAX_SECONDS", 3600.0, minimum=0.0)
+# The speed-ups that lean on a framework's private internals (fastpaths/, each module says what it
+# replaces, its gain and the test that pins it): the ones switched on, comma-separated. `none`
+# switches every one off; the plain code (send_task, DRF's own serializers, Django's per-request
+# connection check) then runs and the suite passes the same.
+FAST_PATH_NAMES = ("publish", "serializers", "db_health")
+EMAILHUB_FAST_PATHS = [
+    name
+    for name in env_list("EMAILHUB_FAST_PATHS", list(FAST_PATH_NAMES), allowed={*FAST_PATH_NAMES, "none"})
+    if name != "none"
+]
+# How the outbox puts tasks on the broker (core/outbox.py): Celery's send_task, or the same
+# messages built by fastpaths/publish.py.
+EMAILHUB_OUTBOX_PUBLISHER = (
+    "fastpaths.publish.ProtocolPublisher"
+    if "publish" in EMAILHUB_FAST_PATHS
+    else "core.outbox.CeleryPublisher"
+)
 # Outbox rows older than this that were not published on commit are published by the relay.
 EMAILHUB_OUTBOX_GRACE_SECONDS = env_float("EMAILHUB_OUTBOX_GRACE_SECONDS", 2.0, minimum=0.0)
 # A message stuck in `sending` this long (its worker died) is given back to the queue.

@@ -8,15 +8,17 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "emailhub.settings")
 django_application = get_wsgi_application()
 
 # Imported after Django is set up (get_wsgi_application), as the tracking modules read settings.
-from core import outbox  # noqa: E402
+import fastpaths  # noqa: E402
 from delivery.tracking.serve import TrackingFastPath  # noqa: E402
-from emailhub import db_health  # noqa: E402
+from fastpaths import db_health, publish  # noqa: E402
 
 # Open pixels and tracked links are answered before Django's middleware (see
 # delivery/tracking/serve.py: the same functions as the views, no session, no database);
 # everything else is Django's.
 application = TrackingFastPath(django_application)
-# A connection health check at most once a second per connection (emailhub/db_health.py).
-db_health.install()
-# Each web thread publishes its requests' tasks through a producer it keeps (core/outbox.py).
-outbox.keep_producer_per_thread()
+if fastpaths.enabled("db_health"):
+    # A connection health check at most once a second per connection (fastpaths/db_health.py).
+    db_health.install()
+if fastpaths.enabled("publish"):
+    # Each web thread publishes its requests' tasks through a producer it keeps.
+    publish.keep_producer_per_thread()

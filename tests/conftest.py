@@ -101,8 +101,23 @@ def process_env(smtp_port: int, **extra: str) -> dict[str, str]:
         "REDIS_URL": settings.REDIS_URL,
         "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
         "SMTP_PORT": str(smtp_port),
+        # The processes run the fast paths this test runs (the `fast_paths` fixture).
+        "EMAILHUB_FAST_PATHS": ",".join(settings.EMAILHUB_FAST_PATHS) or "none",
         **extra,
     }
+
+
+PUBLISHERS = {"fast": "fastpaths.publish.ProtocolPublisher", "plain": "core.outbox.CeleryPublisher"}
+
+
+@pytest.fixture(params=["fast", "plain"])
+def fast_paths(request: pytest.FixtureRequest, settings) -> str:  # noqa: ANN001
+    """Run the test twice: with every fast path of fastpaths/ switched on, and with every one off
+    (the plain send_task, DRF serializers and Django connection checks). A module asks for it with
+    `pytest.mark.usefixtures("fast_paths")`, before any stack it starts (process_env passes it on)."""
+    settings.EMAILHUB_FAST_PATHS = list(settings.FAST_PATH_NAMES) if request.param == "fast" else []
+    settings.EMAILHUB_OUTBOX_PUBLISHER = PUBLISHERS[request.param]
+    return str(request.param)
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The web process checks a persistent database connection at most once a second (emailhub/db_health.py)."""
+"""The web process checks a persistent database connection at most once a second (fastpaths/db_health.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import requests
 from django.db import connection
 
 from delivery.models import Message
-from emailhub import db_health
+from fastpaths import db_health
 from scripts.stack import Stack
 
 

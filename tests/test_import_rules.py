@@ -1,8 +1,11 @@
 """The import rules of docs/architecture.md ("Layers"), read from the source with `ast`.
 
-    emailhub (configuration, urls)  ->  campaigns, scheduling, delivery  ->  core
+    emailhub (configuration, urls)  ->  campaigns, scheduling, delivery  ->  fastpaths  ->  core
 
-- `core` imports no app and nothing of `emailhub` but the Celery app.
+- `core` imports no app, nothing of `fastpaths` (its publisher is named by a setting) and nothing
+  of `emailhub` but the Celery app.
+- `fastpaths` (the speed-ups on frameworks' private internals) imports `core` and the Celery app,
+  never an app: the apps choose a fast path, a fast path knows no app.
 - An app imports another app only through its public modules (`PUBLIC` below: models, services,
   selectors, exceptions and the state-machine modules other apps call); never its admin, API,
   tasks, providers or any other internal module.
@@ -24,7 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 APPS = ("campaigns", "scheduling", "delivery")
-LAYERS = ("emailhub", *APPS, "core")
+LAYERS = ("emailhub", *APPS, "fastpaths", "core")
 # What each app offers the others. Anything not listed here is that app's own business.
 PUBLIC: dict[str, set[str]] = {
     "campaigns": {
@@ -123,7 +126,9 @@ def layering_violations(modules: set[str], imports: list[Import]) -> list[str]:
             if not any(target == m or target.startswith(m + ".") for m in CONFIG_PUBLIC):
                 bad.append(f"{where}: only {sorted(CONFIG_PUBLIC)} of the configuration may be imported")
         elif src_layer == "core":
-            bad.append(f"{where}: core imports no app")
+            bad.append(f"{where}: core imports no app and no fast path")
+        elif src_layer == "fastpaths" and dst_layer in APPS:
+            bad.append(f"{where}: a fast path imports no app")
         elif dst_layer in APPS:
             parts = target.split(".")
             if len(parts) < 2 or parts[1] not in PUBLIC[dst_layer]:
@@ -211,7 +216,9 @@ def test_the_rules_catch_an_internal_import_a_function_import_and_a_cycle(tmp_pa
             tmp_path,
             {
                 "core.__init__": "",
-                "core.outbox": "from delivery.models import Message\n",
+                "core.outbox": "from delivery.models import Message\nimport fastpaths.publish\n",
+                "fastpaths.__init__": "",
+                "fastpaths.publish": "from delivery.services import messages\n",
                 "delivery.__init__": "",
                 "delivery.models": "from campaigns.fanout import step\n",
                 "delivery.services": "def f():\n    from campaigns.lifecycle import pause\n",
@@ -224,6 +231,12 @@ def test_the_rules_catch_an_internal_import_a_function_import_and_a_cycle(tmp_pa
         modules, imports = all_imports(files)
         layering = layering_violations(modules, imports)
         assert any("core.outbox:1 imports delivery.models: core imports no app" in v for v in layering)
+        assert any(
+            "core.outbox:2 imports fastpaths.publish: core imports no app and no fast" in v for v in layering
+        )
+        assert any(
+            "fastpaths.publish:1 imports delivery.services: a fast path imports no app" in v for v in layering
+        )
         assert any("delivery.models:1 imports campaigns.fanout: not one of" in v for v in layering)
         assert function_import_violations(imports) == [
             "delivery.services:2 imports campaigns.lifecycle.pause inside a function"

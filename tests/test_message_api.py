@@ -13,6 +13,9 @@ from core.models import OutboxEvent
 from delivery.models import Message
 from tests.broker import queued_tasks
 
+# With the fast paths on (kept serializers, the fast publisher) and with every one off.
+pytestmark = pytest.mark.usefixtures("fast_paths")
+
 VALID = {"to": "ann@example.com", "subject": "Your code", "text": "123456", "priority": "critical"}
 
 

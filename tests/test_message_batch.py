@@ -23,6 +23,9 @@ from scripts.stack import Stack
 from tests.broker import queued_tasks
 from tests.conftest import wait_until
 
+# With the fast paths on (kept serializers, the fast publisher) and with every one off.
+pytestmark = pytest.mark.usefixtures("fast_paths")
+
 URL = "/api/v1/messages/batch"
 
 

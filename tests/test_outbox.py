@@ -14,7 +14,8 @@ from delivery.services import send_events
 from delivery.services.sweeps import requeue_stale_sending
 from tests.broker import broker_unreachable, queued_tasks
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# Both publishers: Celery's send_task and fastpaths/publish.py's own messages.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fast_paths")]
 
 
 def test_event_is_published_after_commit_and_then_deleted(redis) -> None:  # noqa: ANN001
@@ -109,3 +110,9 @@ def test_an_unregistered_kind_is_refused_before_a_row_exists() -> None:
 def test_a_kind_cannot_be_registered_for_a_second_task() -> None:
     with pytest.raises(ValueError, match="already registered for delivery.send_messages"):
         outbox.register_kind("send_messages", "elsewhere.task", args=list, queue=lambda p: "low")
+
+
+def test_the_outbox_builds_no_task_message_itself() -> None:
+    # Its publishers do: Celery's send_task, or fastpaths/publish.py behind the same interface.
+    source = Path(outbox.__file__).read_text()
+    assert "argsrepr" not in source and "producer.publish(" not in source and "from kombu" not in source

@@ -13,7 +13,8 @@ from core.models import OutboxEvent
 from delivery.services import send_events
 from tests.broker import queued_tasks
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# Both publishers: Celery's send_task and fastpaths/publish.py's own messages.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fast_paths")]
 
 
 def test_a_thousand_events_go_out_in_a_few_pipelines_each_once_in_order(redis, monkeypatch) -> None:  # noqa: ANN001

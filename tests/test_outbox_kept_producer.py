@@ -1,4 +1,4 @@
-"""The web's publisher: one producer kept per thread (outbox.keep_producer_per_thread), the same
+"""The web's fast publisher: one producer kept per thread (fastpaths.publish.keep_producer_per_thread), the same
 messages as through Celery's pool, and a failed publish leaves its row to the relay."""
 
 from __future__ import annotations
@@ -15,18 +15,21 @@ from django.utils import timezone
 from core import outbox
 from core.models import OutboxEvent
 from delivery.services import send_events
+from fastpaths import publish
 from tests.broker import broker_unreachable, queued_tasks
+from tests.conftest import PUBLISHERS
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def kept(monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.setattr(outbox, "_keep_per_thread", True)
-    monkeypatch.setattr(outbox, "_kept", outbox._KeptProducer())
-    yield outbox._kept
-    if outbox._kept.producer is not None:
-        outbox._kept.producer.connection.close()
+def kept(monkeypatch: pytest.MonkeyPatch, settings) -> Any:  # noqa: ANN001
+    settings.EMAILHUB_OUTBOX_PUBLISHER = PUBLISHERS["fast"]
+    monkeypatch.setattr(publish, "_keep_per_thread", True)
+    monkeypatch.setattr(publish, "_kept", publish._KeptProducer())
+    yield publish._kept
+    if publish._kept.producer is not None:
+        publish._kept.producer.connection.close()
 
 
 def test_a_thread_keeps_one_producer_and_one_redis_client_for_its_publishes(redis, kept, monkeypatch) -> None:  # noqa: ANN001
@@ -58,7 +61,7 @@ def test_a_thread_keeps_one_producer_and_one_redis_client_for_its_publishes(redi
         try:
             with transaction.atomic():
                 send_events.record_send([5], "critical")
-            other.append(outbox._kept.producer)
+            other.append(publish._kept.producer)
         finally:
             connection.close()  # this thread's own database connection
 

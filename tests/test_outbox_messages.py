@@ -1,5 +1,6 @@
-"""The outbox builds Celery's task messages itself (core.outbox._publish): they must be the
-messages `Celery.send_task` makes, on Redis and on RabbitMQ, and a worker must run them."""
+"""The fast publisher builds Celery's task messages itself (fastpaths/publish.py): they must be the
+messages `Celery.send_task` makes, on Redis and on RabbitMQ, and a worker must run them. Each
+test runs with both publishers (the plain one is send_task itself)."""
 
 from __future__ import annotations
 
@@ -18,11 +19,13 @@ from delivery.models import Message
 from delivery.services import send_events
 from delivery.testing.smtp_server import SMTPTestServer
 from emailhub.celery import app
+from fastpaths import publish
 from scripts.stack import Stack
 from tests.broker import rabbit_broker
 from tests.conftest import wait_for_status
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# Both publishers: Celery's send_task and fastpaths/publish.py's own messages.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fast_paths")]
 
 KIND = "test_outbox_message"
 
@@ -68,7 +71,7 @@ def test_outbox_messages_are_send_tasks_messages_on_redis(redis, kind) -> None: 
         envelopes.append(_comparable(envelope["headers"], envelope["properties"], body))
     ours, celerys = envelopes
     assert ours == celerys
-    assert ours["body"] == [[[41, 42]], {"note": "é ünïcode"}, outbox._EMBED]
+    assert ours["body"] == [[[41, 42]], {"note": "é ünïcode"}, publish._EMBED]
     assert not OutboxEvent.objects.exists()
 
 

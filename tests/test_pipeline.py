@@ -13,7 +13,8 @@ from delivery.testing.smtp_server import SMTPTestServer
 from scripts.stack import Stack
 from tests.conftest import wait_for_status, wait_until
 
-pytestmark = pytest.mark.processes
+# Every process with the fast paths on, then with every one off.
+pytestmark = [pytest.mark.processes, pytest.mark.usefixtures("fast_paths")]
 
 BODY = {
     "to": "ann@example.com",

@@ -1,7 +1,7 @@
 """POST /api/v1/messages/batch: up to EMAILHUB_API_BATCH_MAX_MESSAGES messages, one transaction.
 
-Items are validated one by one with one serializer per thread (delivery/api/serializer_cache.py:
-DRF would build a serializer's fields per item) and stored by one INSERT, their send tasks by one
+Items are validated one by one (delivery/api/serializing.py; with the `serializers` fast path,
+one serializer per thread, where DRF would build a serializer's fields per item) and stored by one INSERT, their send tasks by one
 outbox INSERT (delivery.services.messages.accept_batch). What a client sees is DESCRIPTION.
 """
 
@@ -19,8 +19,8 @@ from rest_framework.views import APIView
 
 from core import api_input
 from core.limits import limit_hit
-from delivery.api.serializer_cache import validated
 from delivery.api.serializers import MessageCreateSerializer, new_message
+from delivery.api.serializing import validated
 from delivery.exceptions import BatchConflict
 from delivery.models import ApiKey, ApiKeyScope
 from delivery.services.messages import BatchItem, accept_batch, request_fingerprint

@@ -77,7 +77,8 @@ class MessageCreateSerializer(api_input.Serializer):
 
     def validate_template(self, value: str) -> Template:
         # A batch passes a `templates` dict in the context: each name is looked up once.
-        found: dict[str, Template | None] = self._context.get("templates", {})  # `context` is a field
+        # `self.root.context`: this serializer's own `context` name is the message field.
+        found: dict[str, Template | None] = self.root.context.get("templates", {})
         if value in found:
             template = found[value]
         else:

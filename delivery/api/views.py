@@ -10,7 +10,6 @@ from rest_framework.views import APIView
 
 from core.api_schema import error_response
 from delivery.api.schemas import ProviderHealthSerializer
-from delivery.api.serializer_cache import represented, validated
 from delivery.api.serializers import (
     EmailEventSerializer,
     EventFilterSerializer,
@@ -18,6 +17,7 @@ from delivery.api.serializers import (
     MessageSerializer,
     new_message,
 )
+from delivery.api.serializing import represented, validated
 from delivery.exceptions import IdempotencyConflict
 from delivery.models import ApiKey, ApiKeyScope, EmailEvent, Message
 from delivery.permissions import request_key

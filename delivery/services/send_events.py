@@ -32,7 +32,7 @@ def record_send(message_ids: list[int], priority: str) -> None:
 
 
 def record_sends(
-    message_ids: list[int], priority: str, batch_size: int, *, publisher: Executor | None = None
+    message_ids: list[int], priority: str, batch_size: int, *, publish_on: Executor | None = None
 ) -> None:
     """One send task per `batch_size` ids."""
     outbox.record_many(
@@ -40,7 +40,7 @@ def record_sends(
             (SEND_MESSAGES, {"ids": message_ids[i : i + batch_size], "priority": priority})
             for i in range(0, len(message_ids), batch_size)
         ],
-        publisher=publisher,
+        publish_on=publish_on,
     )
 
 

@@ -6,6 +6,11 @@ connection that passed a check less than `INTERVAL` seconds ago skips it. What t
 connection the server dropped within that second fails one request (a JSON 500, nothing
 accepted); Django then closes it at the request's end (errors_occurred) and the next request
 connects afresh. Workers keep Django's check before every task. Installed by emailhub/wsgi.py.
+
+Replaces: Django's CONN_HEALTH_CHECKS before each request's first query (it sets the connection's
+undocumented `health_check_done` flag). Gain: one round trip of POST /api/v1/messages' 3-4
+(docs/performance.md "The accept path"). Pinned by tests/test_db_health.py. Off switch: leave
+`db_health` out of EMAILHUB_FAST_PATHS (emailhub/wsgi.py then does not install it).
 """
 
 from __future__ import annotations
@@ -33,4 +38,4 @@ def _skip_recent_check(**_: Any) -> None:
 
 
 def install() -> None:
-    request_started.connect(_skip_recent_check, dispatch_uid="emailhub.db_health")
+    request_started.connect(_skip_recent_check, dispatch_uid="fastpaths.db_health")

@@ -1,11 +1,19 @@
-"""Serializers built once per thread and reused, instead of once per request (or per batch item).
+"""DRF serializers built once per thread and reused, instead of once per request (or batch item).
 
-DRF builds a serializer's fields on every instantiation (a deepcopy of the declared fields,
-ModelSerializer's field mapping): 11% of POST /api/v1/messages for the response and 5.6% for
-the input in the profile of issue 13, and 1,000 times per batch. A serializer kept per thread
-validates and represents the same way: `run_validation` is what `is_valid` calls, and its
-ValidationError carries the same detail `is_valid(raise_exception=True)` raises. The instances
-hold per-call state (`initial_data`, `context`) only while one call runs, on one thread.
+Replaces: `Serializer(data=…, context=…)` then `is_valid(raise_exception=True)`, and
+`Serializer(instance).data` (delivery/api/serializing.py, the plain path). DRF builds a
+serializer's fields on every instantiation (a deepcopy of the declared fields, ModelSerializer's
+field mapping). A kept instance validates and represents the same way: `run_validation` is what
+`is_valid` calls, and its ValidationError carries the detail `is_valid(raise_exception=True)`
+raises; the per-call state (`initial_data`, DRF's private `_context`) is set only while one call
+runs, on one thread.
+
+Gain: 11% of POST /api/v1/messages for the response and 5.6% for the input (issue 13's profile,
+docs/performance.md "The accept path"), and the field build 1,000 times per batch.
+
+Pinned by: the API tests, run with this switch on and off (tests/conftest.py `fast_paths`).
+
+Off switch: leave `serializers` out of EMAILHUB_FAST_PATHS.
 """
 
 from __future__ import annotations
