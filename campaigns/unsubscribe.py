@@ -3,15 +3,14 @@ and the service the `/u/<token>` view calls to record an unsubscribe.
 
 **Token.** One per message: the message id fixes the contact and the campaign (a campaign has one
 message per contact, `UNIQUE(campaign, contact)`), so the token says (message id, issue time)
-and nothing else. It is an authenticated encryption of those 12 bytes in the SIV shape: the tag
-is an HMAC-SHA256 (truncated to 128 bits) of the plaintext under a key derived from SECRET_KEY,
-and the plaintext is XORed with an HMAC keystream derived from the tag under a second key. The
-URL therefore reveals neither the message id nor how many messages we send (two consecutive
-messages' tokens share nothing), cannot be guessed (2^128 tags) and cannot be made for another
-message without SECRET_KEY. 28 bytes, 38 base64url characters. Verified in constant time
-(`hmac.compare_digest`). A token is valid for `EMAILHUB_UNSUBSCRIBE_TOKEN_DAYS` (90 by default,
-never fewer than 30) after it was issued, at send time; changing SECRET_KEY invalidates every
-link already sent.
+and nothing else. It is those 12 bytes sealed by core/signing.py (authenticated encryption in the
+SIV shape: an HMAC-SHA256 tag cut to 128 bits, the plaintext XORed with a keystream from the
+tag; keys derived from SECRET_KEY and this kind's namespace). The URL therefore reveals neither
+the message id nor how many messages we send (two consecutive messages' tokens share nothing),
+cannot be guessed (2^128 tags) and cannot be made for another message without SECRET_KEY. 28 bytes, 38 base64url characters. A token is valid for
+`EMAILHUB_UNSUBSCRIBE_TOKEN_DAYS` (90 by default, never fewer than 30) after it was issued, at
+send time. A rotated SECRET_KEY keeps every link already sent working while the old one is in
+SECRET_KEY_FALLBACKS (core/signing.py, "Rotation").
 
 **Scope.** An unsubscribe is global for marketing mail: the address is suppressed with reason
 `unsubscribed`, which blocks every campaign message (and transactional messages sent with
@@ -28,10 +27,6 @@ campaign's `unsubscribed_count` moves once per message.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
-import hmac
 import re
 import struct
 import time
@@ -44,6 +39,7 @@ from urllib.parse import quote
 from django.conf import settings
 
 from campaigns.selectors import UNSUBSCRIBE_CONTEXT_FLAG
+from core import signing
 from core.templating import EmailTemplate
 from delivery.models import Message
 from delivery.services.events import ProviderEvent, record_events
@@ -58,8 +54,8 @@ CONTEXT_FLAG = UNSUBSCRIBE_CONTEXT_FLAG
 ONE_CLICK = "List-Unsubscribe=One-Click"
 PROVIDER = "emailhub"
 
+_NAMESPACE = "emailhub.unsubscribe"  # core/signing.py derives this kind's keys from it
 _PAYLOAD = struct.Struct(">QI")  # message id, issue time (Unix seconds, good until 2106)
-_TAG_BYTES = 16
 TOKEN_LENGTH = 38  # base64url of 16 + 12 bytes, unpadded
 _TOKEN_CHARS = re.compile(rf"^[A-Za-z0-9_-]{{{TOKEN_LENGTH}}}$")
 # A token issued this far in the future was not issued by a server with a sane clock.
@@ -67,33 +63,18 @@ _CLOCK_SKEW_SECONDS = 300
 
 
 class InvalidToken(ValueError):
-    """Not a token we issued (malformed, forged, or made under another SECRET_KEY)."""
+    """Not a token we issued (malformed, forged, or made under a secret no longer kept)."""
 
 
 class ExpiredToken(ValueError):
     """A genuine token older than EMAILHUB_UNSUBSCRIBE_TOKEN_DAYS."""
 
 
-def _key(purpose: str) -> bytes:
-    return hmac.new(
-        settings.SECRET_KEY.encode(), f"emailhub.unsubscribe.{purpose}".encode(), hashlib.sha256
-    ).digest()
-
-
-def _keystream(tag: bytes) -> bytes:
-    return hmac.new(_key("enc"), tag, hashlib.sha256).digest()[: _PAYLOAD.size]
-
-
-def _xor(data: bytes, stream: bytes) -> bytes:
-    return bytes(a ^ b for a, b in zip(data, stream, strict=True))
-
-
 def make_token(message_id: int, issued_at: int | None = None) -> str:
     """The unsubscribe token of message `message_id`, issued at `issued_at` (Unix seconds, now)."""
     issued = int(time.time()) if issued_at is None else issued_at
     plain = _PAYLOAD.pack(message_id, issued)
-    tag = hmac.new(_key("mac"), plain, hashlib.sha256).digest()[:_TAG_BYTES]
-    return base64.urlsafe_b64encode(tag + _xor(plain, _keystream(tag))).decode("ascii").rstrip("=")
+    return signing.encode(signing.seal(_NAMESPACE, plain, plain))
 
 
 def read_token(token: str, *, now: float | None = None) -> int:
@@ -101,16 +82,10 @@ def read_token(token: str, *, now: float | None = None) -> int:
     if not _TOKEN_CHARS.match(token):
         raise InvalidToken("malformed token")
     try:
-        raw = base64.urlsafe_b64decode(token + "==")
-    except (binascii.Error, ValueError):
-        raise InvalidToken("malformed token") from None
-    if base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=") != token:
-        raise InvalidToken("malformed token")  # stray bits in the last character: one spelling only
-    tag, sealed = raw[:_TAG_BYTES], raw[_TAG_BYTES:]
-    plain = _xor(sealed, _keystream(tag))
-    expected = hmac.new(_key("mac"), plain, hashlib.sha256).digest()[:_TAG_BYTES]
-    if not hmac.compare_digest(tag, expected):
-        raise InvalidToken("token does not verify")
+        raw = signing.decode(token, TOKEN_LENGTH)
+        plain, _ = signing.unseal(_NAMESPACE, raw, _PAYLOAD.size, lambda header, _: header)
+    except signing.BadToken as exc:
+        raise InvalidToken(str(exc)) from None
     message_id, issued = _PAYLOAD.unpack(plain)
     current = time.time() if now is None else now
     if issued > current + _CLOCK_SKEW_SECONDS:

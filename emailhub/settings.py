@@ -20,6 +20,10 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 
 DEBUG = env_bool("EMAILHUB_DEBUG", False)
 SECRET_KEY = env_str("EMAILHUB_SECRET_KEY", "dev-only-insecure-secret-key-change-me")
+# Earlier secret keys, comma-separated, newest first: what they signed still verifies (sessions,
+# and the unsubscribe and tracking links already in inboxes, core/signing.py); nothing new is
+# signed with them. Rotate by moving EMAILHUB_SECRET_KEY here and setting a new one.
+SECRET_KEY_FALLBACKS = env_list("EMAILHUB_SECRET_KEY_FALLBACKS", [])
 ALLOWED_HOSTS = env_list("EMAILHUB_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
 
 # Served over HTTPS (behind a TLS-terminating proxy that sets X-Forwarded-Proto): secure cookies,
