@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
 
 import pytest
+import time_machine
 
 from delivery import breakers
 from delivery.exceptions import ProviderUnavailable
@@ -22,6 +26,14 @@ def small_breakers(settings) -> None:  # noqa: ANN001
 
 def down() -> list[SendResult]:
     raise ProviderUnavailable("connection refused")
+
+
+@contextmanager
+def reset_timeout_passed() -> Iterator[None]:
+    """This process's clock moved past the breakers' reset timeout (1 s here), instead of sleeping
+    through it: pybreaker compares its own clock with the instant the circuit opened (in Redis)."""
+    with time_machine.travel(datetime.now(UTC) + timedelta(seconds=2), tick=True):
+        yield
 
 
 def another_process() -> None:
@@ -63,8 +75,10 @@ def test_after_reset_timeout_one_probe_closes_it_again() -> None:
     for _ in range(3):
         with pytest.raises(ProviderUnavailable):
             breakers.guarded_call("ses", down)
-    time.sleep(1.1)
-    assert breakers.guarded_call("ses", lambda: "ok") == "ok"
+    with pytest.raises(breakers.CircuitOpen):  # before the reset timeout: refused, no call
+        breakers.guarded_call("ses", lambda: pytest.fail("called while open"))
+    with reset_timeout_passed():
+        assert breakers.guarded_call("ses", lambda: "ok") == "ok"
     assert breakers.breaker_for("ses").current_state == "closed"
 
 
@@ -72,7 +86,6 @@ def test_while_one_process_probes_the_others_skip_the_provider() -> None:
     for _ in range(3):
         with pytest.raises(ProviderUnavailable):
             breakers.guarded_call("ses", down)
-    time.sleep(1.1)
     seen = []
 
     def probe() -> str:
@@ -81,7 +94,8 @@ def test_while_one_process_probes_the_others_skip_the_provider() -> None:
             breakers.guarded_call("ses", lambda: seen.append("second"))
         return "ok"
 
-    assert breakers.guarded_call("ses", probe) == "ok"
+    with reset_timeout_passed():
+        assert breakers.guarded_call("ses", probe) == "ok"
     assert seen == []
 
 
@@ -111,12 +125,21 @@ def test_bulk_cannot_take_the_reserved_share_but_critical_can() -> None:
     assert refused.granted == 0 and 0 < refused.wait_seconds <= 0.15
 
 
-def test_bucket_refills_at_the_quota_rate() -> None:
+def test_bucket_refills_at_the_quota_rate(monkeypatch: pytest.MonkeyPatch) -> None:
     bucket = TokenBucket("refill", rate=100, reserved_fraction=0)
     assert bucket.take(100, reserved=False).granted == 100
-    started = time.monotonic()
+    pauses: list[float] = []
+    real_sleep = time.sleep
+
+    def recorded_sleep(seconds: float) -> None:
+        pauses.append(seconds)
+        real_sleep(seconds)  # the bucket's clock is Redis's (TIME): real time must pass
+
+    monkeypatch.setattr("delivery.ratelimit.time.sleep", recorded_sleep)
     assert bucket.acquire(50, reserved=False, max_wait=5) == 50
-    assert 0.35 <= time.monotonic() - started <= 1.5  # 50 tokens at 100/s ≈ 0.5 s
+    # The waits the bucket asked for are what 50 tokens take at 100/s (a refill that came a few
+    # milliseconds short adds a 10 ms pause or two; a sleep that overslept adds nothing).
+    assert pauses and 0.45 <= sum(pauses) <= 0.55
 
 
 def test_gateway_skips_a_provider_without_quota_and_sends_what_fits(settings) -> None:  # noqa: ANN001
@@ -184,11 +207,7 @@ def test_a_process_that_saw_the_circuit_closed_never_calls_the_provider_another_
 
 def test_a_probe_whose_circuit_another_probe_reopened_still_counts_its_failure() -> None:
     trip()
-    # The reset timeout has passed: the instant the circuit opened is moved back, not slept
-    # through (pybreaker's storage only ever moves it forward, so the key is written directly).
     prober = breakers.breaker_for("ses")
-    opened_at_key = prober._state_storage._namespace("opened_at")
-    breakers.redis_client().set(opened_at_key, int(time.time()) - 5)
 
     def refused_while_the_other_probe_fails() -> list[SendResult]:
         another_process()
@@ -196,7 +215,7 @@ def test_a_probe_whose_circuit_another_probe_reopened_still_counts_its_failure()
             breakers.call_replayed(breakers.breaker_for("ses"), down)
         raise ProviderUnavailable("SES 500")
 
-    with pytest.raises(ProviderUnavailable, match="SES 500"):
+    with reset_timeout_passed(), pytest.raises(ProviderUnavailable, match="SES 500"):
         breakers.call_replayed(prober, refused_while_the_other_probe_fails)
     snapshot = breakers.snapshot("ses")
     assert snapshot["state"] == "open" and snapshot["failures_total"] == 5  # 3 + both probes

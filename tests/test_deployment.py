@@ -115,7 +115,7 @@ DEV_TOOLS = {
     "pytest", "pytest-django", "pytest-timeout", "mypy", "ruff", "django-stubs",
     "djangorestframework-stubs", "celery-types", "moto", "flask", "flask-cors", "docker",
     "cfn-lint", "responses", "werkzeug-stubs", "schemathesis", "hypothesis", "dkimpy", "playwright",
-    "django-post-office", "py-spy", "coverage", "aws-xray-sdk",
+    "django-post-office", "py-spy", "coverage", "aws-xray-sdk", "time-machine",
 }  # fmt: skip
 
 
