@@ -41,11 +41,6 @@ from fastpaths import publish  # noqa: E402
 
 KIND = "bench_publish"
 QUEUE = "bench_publish"
-PUBLISHERS = {
-    "celery": "core.outbox.CeleryPublisher",
-    "pool": "fastpaths.publish.ProtocolPublisher",
-    "kept": "fastpaths.publish.ProtocolPublisher",
-}
 
 
 def one_round(tasks: int) -> tuple[float, float]:
@@ -70,7 +65,9 @@ def main() -> None:
     try:
         for round_no in range(args.rounds):
             for mode in modes[round_no % len(modes) :] + modes[: round_no % len(modes)]:
-                settings.EMAILHUB_OUTBOX_PUBLISHER = PUBLISHERS[mode]
+                settings.EMAILHUB_OUTBOX_PUBLISHER = settings.OUTBOX_PUBLISHERS[
+                    "plain" if mode == "celery" else "fast"
+                ]
                 publish._keep_per_thread = mode == "kept"
                 one_round(50)  # warm-up: connections, declarations
                 cpu, wall = one_round(args.tasks)

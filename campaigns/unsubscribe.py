@@ -7,10 +7,11 @@ and nothing else. It is those 12 bytes sealed by core/signing.py (authenticated 
 SIV shape: an HMAC-SHA256 tag cut to 128 bits, the plaintext XORed with a keystream from the
 tag; keys derived from SECRET_KEY and this kind's namespace). The URL therefore reveals neither
 the message id nor how many messages we send (two consecutive messages' tokens share nothing),
-cannot be guessed (2^128 tags) and cannot be made for another message without SECRET_KEY. 28 bytes, 38 base64url characters. A token is valid for
-`EMAILHUB_UNSUBSCRIBE_TOKEN_DAYS` (90 by default, never fewer than 30) after it was issued, at
-send time. A rotated SECRET_KEY keeps every link already sent working while the old one is in
-SECRET_KEY_FALLBACKS (core/signing.py, "Rotation").
+cannot be guessed (2^128 tags) and cannot be made for another message without SECRET_KEY.
+28 bytes, 38 base64url characters. A token is valid for `EMAILHUB_UNSUBSCRIBE_TOKEN_DAYS` (90 by
+default, never fewer than 30) after it was issued, at send time. A rotated SECRET_KEY keeps
+every link already sent working while the old one is in SECRET_KEY_FALLBACKS (core/signing.py,
+"Rotation").
 
 **Scope.** An unsubscribe is global for marketing mail: the address is suppressed with reason
 `unsubscribed`, which blocks every campaign message (and transactional messages sent with

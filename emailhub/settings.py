@@ -234,11 +234,8 @@ EMAILHUB_FAST_PATHS = [
 ]
 # How the outbox puts tasks on the broker (core/outbox.py): Celery's send_task, or the same
 # messages built by fastpaths/publish.py.
-EMAILHUB_OUTBOX_PUBLISHER = (
-    "fastpaths.publish.ProtocolPublisher"
-    if "publish" in EMAILHUB_FAST_PATHS
-    else "core.outbox.CeleryPublisher"
-)
+OUTBOX_PUBLISHERS = {"fast": "fastpaths.publish.ProtocolPublisher", "plain": "core.outbox.CeleryPublisher"}
+EMAILHUB_OUTBOX_PUBLISHER = OUTBOX_PUBLISHERS["fast" if "publish" in EMAILHUB_FAST_PATHS else "plain"]
 # Outbox rows older than this that were not published on commit are published by the relay.
 EMAILHUB_OUTBOX_GRACE_SECONDS = env_float("EMAILHUB_OUTBOX_GRACE_SECONDS", 2.0, minimum=0.0)
 # A message stuck in `sending` this long (its worker died) is given back to the queue.

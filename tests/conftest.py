@@ -107,16 +107,13 @@ def process_env(smtp_port: int, **extra: str) -> dict[str, str]:
     }
 
 
-PUBLISHERS = {"fast": "fastpaths.publish.ProtocolPublisher", "plain": "core.outbox.CeleryPublisher"}
-
-
 @pytest.fixture(params=["fast", "plain"])
 def fast_paths(request: pytest.FixtureRequest, settings) -> str:  # noqa: ANN001
     """Run the test twice: with every fast path of fastpaths/ switched on, and with every one off
     (the plain send_task, DRF serializers and Django connection checks). A module asks for it with
     `pytest.mark.usefixtures("fast_paths")`, before any stack it starts (process_env passes it on)."""
     settings.EMAILHUB_FAST_PATHS = list(settings.FAST_PATH_NAMES) if request.param == "fast" else []
-    settings.EMAILHUB_OUTBOX_PUBLISHER = PUBLISHERS[request.param]
+    settings.EMAILHUB_OUTBOX_PUBLISHER = settings.OUTBOX_PUBLISHERS[request.param]
     return str(request.param)
 
 

@@ -9,12 +9,11 @@ from django.core import checks
 
 from core import outbox
 from emailhub.celery import app
-from tests.conftest import PUBLISHERS
 
 
 @pytest.fixture(autouse=True)
 def fast_publisher(settings) -> None:  # noqa: ANN001
-    settings.EMAILHUB_OUTBOX_PUBLISHER = PUBLISHERS["fast"]
+    settings.EMAILHUB_OUTBOX_PUBLISHER = settings.OUTBOX_PUBLISHERS["fast"]
 
 
 def test_the_project_settings_pass() -> None:
@@ -35,6 +34,6 @@ def test_a_setting_the_outbox_would_ignore_stops_the_process(
 
 
 def test_the_plain_publisher_applies_every_setting(monkeypatch: pytest.MonkeyPatch, settings) -> None:  # noqa: ANN001
-    settings.EMAILHUB_OUTBOX_PUBLISHER = PUBLISHERS["plain"]
+    settings.EMAILHUB_OUTBOX_PUBLISHER = settings.OUTBOX_PUBLISHERS["plain"]
     monkeypatch.setitem(app.conf, "task_compression", "gzip")
     assert [m for m in checks.run_checks() if m.id == "core.E001"] == []

@@ -17,14 +17,13 @@ from core.models import OutboxEvent
 from delivery.services import send_events
 from fastpaths import publish
 from tests.broker import broker_unreachable, queued_tasks
-from tests.conftest import PUBLISHERS
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
 def kept(monkeypatch: pytest.MonkeyPatch, settings) -> Any:  # noqa: ANN001
-    settings.EMAILHUB_OUTBOX_PUBLISHER = PUBLISHERS["fast"]
+    settings.EMAILHUB_OUTBOX_PUBLISHER = settings.OUTBOX_PUBLISHERS["fast"]
     monkeypatch.setattr(publish, "_keep_per_thread", True)
     monkeypatch.setattr(publish, "_kept", publish._KeptProducer())
     yield publish._kept

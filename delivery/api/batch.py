@@ -1,8 +1,9 @@
 """POST /api/v1/messages/batch: up to EMAILHUB_API_BATCH_MAX_MESSAGES messages, one transaction.
 
 Items are validated one by one (delivery/api/serializing.py; with the `serializers` fast path,
-one serializer per thread, where DRF would build a serializer's fields per item) and stored by one INSERT, their send tasks by one
-outbox INSERT (delivery.services.messages.accept_batch). What a client sees is DESCRIPTION.
+one serializer per thread, where DRF would build a serializer's fields per item) and stored by
+one INSERT, their send tasks by one outbox INSERT (delivery.services.messages.accept_batch).
+What a client sees is DESCRIPTION.
 """
 
 from __future__ import annotations

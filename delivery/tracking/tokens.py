@@ -3,7 +3,8 @@
 Both are sealed by core/signing.py, as the unsubscribe token is (authenticated encryption in the
 SIV shape): the tag is HMAC-SHA256, cut to 128 bits, over everything the token stands for, under
 a key derived from SECRET_KEY (or a SECRET_KEY_FALLBACKS entry, when the secret was rotated); the
-message id (and link index) is XORed with an HMAC keystream derived from the tag. So a token reveals no message id, two consecutive messages' tokens share nothing
+message id (and link index) is XORed with an HMAC keystream derived from the tag. So a token
+reveals no message id, two consecutive messages' tokens share nothing
 (never sequential, never time-based), and none can be made for another message without SECRET_KEY.
 
 - open token: (message id) → 16 + 8 bytes, 32 base64url characters.
