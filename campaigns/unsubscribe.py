@@ -1,5 +1,6 @@
-"""One-click unsubscribe (RFC 8058 + RFC 2369): tokens, the headers and footer the send path adds,
-and the service the `/u/<token>` view calls to record an unsubscribe.
+"""One-click unsubscribe links (RFC 8058 + RFC 2369): tokens, and the headers and footer the send
+path adds. Recording an unsubscribe is campaigns/unsubscribing.py's: this module sits below
+delivery (its send path builds these links), that one above it (it records through delivery).
 
 **Token.** One per message: the message id fixes the contact and the campaign (a campaign has one
 message per contact, `UNIQUE(campaign, contact)`), so the token says (message id, issue time)
@@ -20,10 +21,6 @@ There is no per-list opt-out: one click must be honoured without asking which li
 recipient who clicks "unsubscribe" means "stop the marketing". The rule lives in
 `campaigns.selectors.suppressed_sql`, which the send claim composes.
 
-**Recording** goes through `delivery.services.events.record_events` as a ProviderEvent of
-provider `emailhub`, kind `unsubscribed`, with an event id per message: a repeated POST, a
-retried one or a second link of the same message is a duplicate and changes nothing, and the
-campaign's `unsubscribed_count` moves once per message.
 """
 
 from __future__ import annotations
@@ -32,8 +29,6 @@ import re
 import struct
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
@@ -42,8 +37,6 @@ from django.conf import settings
 from campaigns.selectors import UNSUBSCRIBE_CONTEXT_FLAG
 from core import signing
 from core.templating import EmailTemplate
-from delivery.models import Message
-from delivery.services.events import ProviderEvent, record_events
 
 # The template variable the send path fills with this message's link.
 URL_VARIABLE = "unsubscribe_url"
@@ -53,7 +46,6 @@ URL_VARIABLE = "unsubscribe_url"
 CONTEXT_FLAG = UNSUBSCRIBE_CONTEXT_FLAG
 
 ONE_CLICK = "List-Unsubscribe=One-Click"
-PROVIDER = "emailhub"
 
 _NAMESPACE = "emailhub.unsubscribe"  # core/signing.py derives this kind's keys from it
 _PAYLOAD = struct.Struct(">QI")  # message id, issue time (Unix seconds, good until 2106)
@@ -145,51 +137,3 @@ def with_footer(
     if text and not text_uses:
         text = text.rstrip("\n") + TEXT_FOOTER
     return EmailTemplate(subject, html, text, defaults)
-
-
-# --- recording ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Target:
-    message_id: int
-    address: str
-    campaign_id: int | None
-
-
-def target_of(token: str) -> Target:
-    """Who a token unsubscribes. Raises InvalidToken (also for a message that no longer exists)
-    or ExpiredToken. Reads only."""
-    message_id = read_token(token)
-    row = Message.objects.filter(pk=message_id).values_list("to_email", "campaign_id").first()
-    if row is None:
-        raise InvalidToken("this link's message no longer exists")
-    return Target(message_id=message_id, address=row[0].lower(), campaign_id=row[1])
-
-
-def event_id_for(message_id: int) -> str:
-    # Per message, not per token: every link of one message (a retried send issues a new token)
-    # is the same unsubscribe.
-    return f"unsubscribe:{message_id}"
-
-
-def unsubscribe(token: str, *, one_click: bool) -> tuple[Target, bool]:
-    """Record the unsubscribe of a token's address, synchronously (RFC 8058 §3.2: the POST's
-    answer means it is done). Returns (target, whether this was new); a repeat changes nothing.
-    Raises InvalidToken or ExpiredToken and then writes nothing."""
-    target = target_of(token)
-    recorded = record_events(
-        [
-            ProviderEvent(
-                provider=PROVIDER,
-                event_id=event_id_for(target.message_id),
-                kind="unsubscribed",
-                occurred_at=datetime.now(UTC),
-                message_id=target.message_id,
-                recipient=target.address,
-                detail="one-click (RFC 8058)" if one_click else "unsubscribe page",
-                payload={"campaign_id": target.campaign_id, "one_click": one_click},
-            )
-        ]
-    )
-    return target, recorded.new > 0

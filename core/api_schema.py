@@ -2,7 +2,7 @@
 
 drf-spectacular builds each operation with `AutoSchema` (REST_FRAMEWORK's DEFAULT_SCHEMA_CLASS).
 This subclass adds, to every operation, the error responses it can really answer, all with the
-`Error` schema of `emailhub/api_errors.py`, decided from the operation itself rather than
+`Error` schema of `core/api_errors.py`, decided from the operation itself rather than
 copied into each view:
 
 - 400 everywhere: a bad field, query parameter or header (`ApiErrorMiddleware` refuses NUL in
@@ -14,7 +14,7 @@ copied into each view:
   415 where DRF parses that body (a Content-Type none of the view's parsers reads);
 - 414 where it takes query parameters: gunicorn's own answer to an overlong request line;
 - 503 everywhere: PostgreSQL, Redis or the broker briefly unreachable (a restart, a failover),
-  with `Retry-After` (emailhub/api_errors.py; docs/architecture.md, "Dependency outages").
+  with `Retry-After` (core/api_errors.py; docs/architecture.md, "Dependency outages").
 
 What only some operations answer (409 from a state conflict, 422 from an idempotency key reused
 with another body) a view declares with `error_response(409, "why")` in its `extend_schema`
@@ -52,7 +52,7 @@ from core.validators import ONE_LINE
 ERROR_COMPONENT = "Error"
 ERROR_REF = {"$ref": f"#/components/schemas/{ERROR_COMPONENT}"}
 
-# The body of emailhub.api_errors.error_body; a test holds them together (tests/test_openapi_schema.py).
+# The body of core.api_errors.error_body; a test holds them together (tests/test_openapi_schema.py).
 ERROR_SCHEMA: dict[str, Any] = {
     "type": "object",
     "description": "Every error under /api/ has this shape, whatever raised it.",

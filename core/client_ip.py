@@ -3,7 +3,7 @@ address they forwarded in X-Forwarded-For.
 
 One rule, used by everything that records or decides on an address: the tracking fast path
 (delivery/tracking/serve.py) and views, django-axes (`AXES_CLIENT_IP_CALLABLE`) and the /metrics
-allow-list (emailhub/metrics.py).
+allow-list (core/metrics.py).
 
 1. With no trusted proxies (EMAILHUB_TRUSTED_PROXIES empty, the default), or a peer (REMOTE_ADDR)
    outside them, the address is REMOTE_ADDR and X-Forwarded-For is ignored: anyone can send it.

@@ -3,7 +3,7 @@
 Each limit is a setting (emailhub/settings.py, README "Settings"), read when it is checked, never
 at import. A refusal is an ordinary validation error whose *code* is the setting's name, so it
 keeps its identity through DRF's nesting of field errors (a batch item's `messages.3.context`)
-and through a Django form (the admin): `emailhub.api_errors` finds the code in a 400 and adds the
+and through a Django form (the admin): `core.api_errors` finds the code in a 400 and adds the
 error shape's `limit` member (`{"name": setting, "value": n}`), with `code: limit_exceeded`.
 
 - `SCHEDULE_HORIZON`: no instant a client schedules (a message's `send_at`, a campaign's `at`,

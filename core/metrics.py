@@ -1,9 +1,22 @@
-"""The Prometheus metrics every process records, and the process identity they are kept under.
+"""emailhub's Prometheus metrics: what every process records, and `GET /metrics`, which shows them.
 
 Web (gunicorn workers) and Celery (prefork children) processes each count in their own files
-under `PROMETHEUS_MULTIPROC_DIR` (prometheus_client's multiprocess mode); `/metrics`
-(emailhub/metrics.py) sums them. Without that variable (runserver, the test process) a process
-counts in memory and `/metrics` shows that one process.
+under `PROMETHEUS_MULTIPROC_DIR` (prometheus_client's multiprocess mode); `/metrics` sums them
+with `MultiProcessCollector` into a fresh registry, whichever gunicorn worker answers. Without
+that variable (runserver, the test process) a process counts in memory and `/metrics` shows that
+one process.
+
+Some gauges are computed at scrape time from the state every process shares, not from any one
+process's memory: an app registers them from its AppConfig.ready (`register_scrape_gauge`), so
+this module reads no app. Today: `emailhub_circuit_state{provider,endpoint}` (delivery) and
+`emailhub_queue_depth{priority,state}` (scheduling). A source that fails (the database down) is
+left out and `emailhub_scrape_source_up{source}` says so: the scrape still answers 200 with
+everything else.
+
+Access to `/metrics`: an address in EMAILHUB_METRICS_ALLOW (default loopback) or the bearer token
+EMAILHUB_METRICS_TOKEN; anyone else gets a 403 with an empty body. The address is the client's
+(core/client_ip.py): behind a proxy in EMAILHUB_TRUSTED_PROXIES, the one it forwarded, so a proxy
+on loopback does not open /metrics to everyone it serves.
 
 Label values are bounded sets: provider names from settings, priorities, outcomes, event kinds
 and classes. No label ever carries an address, a message id or anything else per recipient.
@@ -15,12 +28,22 @@ sent message (about 2 µs each in multiprocess mode, measured in docs/performanc
 
 from __future__ import annotations
 
+import hmac
 import logging
 import os
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 
-from prometheus_client import Counter, Histogram, values
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse
+from django.views.decorators.http import require_GET
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest, values
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
 
+from core import client_ip
 from core.metrics_dir import MULTIPROC_ENV, process_identifier
 
 logger = logging.getLogger(__name__)
@@ -143,3 +166,103 @@ def count_webhook_skips(provider: str, skipped: Mapping[str, int]) -> None:
 
 def count_tracking_request(kind: str, outcome: str) -> None:
     TRACKING_REQUESTS.labels(kind, outcome).inc()
+
+
+# Scrape-time gauges.
+
+Rows = Iterable[tuple[Sequence[str], float]]  # (label values, value)
+
+
+@dataclass
+class ScrapeGauge:
+    source: str  # the `source` label of emailhub_scrape_source_up
+    name: str
+    documentation: str
+    labels: tuple[str, ...]
+    read: Callable[[], Rows]
+    # A read this young is reused: a source that scans a table (the queue snapshot) costs one
+    # scan per process per interval, however many scrapers (or retries) ask.
+    max_age_seconds: float = 0.0
+    _last: tuple[float, list[tuple[Sequence[str], float]]] | None = field(default=None, repr=False)
+
+    def rows(self) -> list[tuple[Sequence[str], float]]:
+        now = time.monotonic()
+        if self._last is None or now - self._last[0] > self.max_age_seconds:
+            self._last = (now, list(self.read()))
+        return self._last[1]
+
+
+_scrape_gauges: dict[str, ScrapeGauge] = {}
+
+
+def register_scrape_gauge(
+    source: str,
+    name: str,
+    documentation: str,
+    labels: Sequence[str],
+    read: Callable[[], Rows],
+    *,
+    max_age_seconds: float = 0.0,
+) -> None:
+    """Show `name` on /metrics, read from `read()` when scraped (an AppConfig.ready calls this)."""
+    _scrape_gauges[name] = ScrapeGauge(source, name, documentation, tuple(labels), read, max_age_seconds)
+
+
+class ScrapeTimeCollector(Collector):
+    """The registered scrape-time gauges, each source's failure reported instead of raised."""
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily(
+            "emailhub_scrape_source_up", "1 if the source of scrape-time metrics answered", labels=["source"]
+        )
+        for gauge in _scrape_gauges.values():
+            try:
+                rows = gauge.rows()
+            except Exception as exc:  # noqa: BLE001 - the rest of the scrape must still answer
+                logger.warning("metrics: %s unavailable: %s", gauge.source, exc)
+                up.add_metric([gauge.source], 0)
+                continue
+            family = GaugeMetricFamily(gauge.name, gauge.documentation, labels=list(gauge.labels))
+            for label_values, value in rows:
+                family.add_metric(list(label_values), value)
+            up.add_metric([gauge.source], 1)
+            yield family
+        yield up
+
+
+# GET /metrics.
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def allowed(request: HttpRequest) -> bool:
+    """The client's address (behind a trusted proxy, the one it forwarded) is allowed, or the
+    request carries the metrics token."""
+    address = client_ip.parse_address(client_ip.request_client_address(request))
+    if address is not None and address in client_ip.networks(settings.EMAILHUB_METRICS_ALLOW):
+        return True
+    token = settings.EMAILHUB_METRICS_TOKEN
+    header = request.META.get("HTTP_AUTHORIZATION", "")
+    if token and header.startswith("Bearer "):
+        return hmac.compare_digest(header[len("Bearer ") :].encode(), token.encode())
+    return False
+
+
+def exposition() -> bytes:
+    shared = CollectorRegistry()
+    shared.register(ScrapeTimeCollector())
+    if os.environ.get(MULTIPROC_ENV):
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        return generate_latest(registry) + generate_latest(shared)
+    # One process (runserver, a test): its own metrics, as they are in memory.
+    return generate_latest(REGISTRY) + generate_latest(shared)
+
+
+@require_GET
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    if not allowed(request):
+        return HttpResponse(status=403, content=b"", content_type="text/plain")
+    response = HttpResponse(exposition(), content_type=CONTENT_TYPE)
+    response["Cache-Control"] = "no-store"
+    return response

@@ -12,7 +12,7 @@ So:
 - recording a batch that a provider has already accepted is retried in place
   (`retry_while_unreachable`), not by a new task: the rows are `sending`, a new task would claim
   nothing, and the lease would send them a second time;
-- the API answers 503 `unavailable` with `Retry-After` (emailhub/api_errors.py), so clients retry
+- the API answers 503 `unavailable` with `Retry-After` (core/api_errors.py), so clients retry
   instead of treating it as a bug; nothing half-stored, because every accept is one transaction.
 """
 

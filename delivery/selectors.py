@@ -22,6 +22,17 @@ from delivery.services.gateway import BULK, TRANSACTIONAL
 from delivery.services.sending import provider_chain
 from delivery.services.transitions import MARKETING_SQL
 
+CIRCUIT_STATES = {"closed": 0, "half-open": 1, "open": 2}
+
+
+def circuit_states() -> list[tuple[tuple[str, str], int]]:
+    """((provider, endpoint), 0 closed / 1 half-open / 2 open) for every circuit: the scrape-time
+    gauge emailhub_circuit_state (endpoint "" for a provider with one endpoint)."""
+    return [
+        ((provider["name"], provider["endpoint"]), CIRCUIT_STATES.get(str(provider["circuit"]["state"]), 2))
+        for provider in provider_health()
+    ]
+
 
 def provider_health() -> list[dict[str, Any]]:
     """Every circuit of every configured provider: the endpoint (one per server the processes

@@ -62,11 +62,12 @@ INSTALLED_APPS = [
     "campaigns",
     "delivery",
     "scheduling",
+    "operations",
 ]
 
 MIDDLEWARE = [
     # First, so it also turns the pages the other middleware produce into JSON on /api/.
-    "emailhub.api_errors.ApiErrorMiddleware",
+    "core.api_errors.ApiErrorMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Serves /static/ from STATIC_ROOT in every way of running (gunicorn, compose, the image):
     # hashed names cached for a year, gzip, no extra web server. Needs `collectstatic` first.
@@ -109,7 +110,8 @@ WSGI_APPLICATION = "emailhub.wsgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        # Pages above the apps (the admin's frame and dashboard, emailhub/dashboard.py).
+        # The admin's frame (base_site.html, lockout.html) and the API docs page; the apps' own
+        # templates (the dashboard's is operations') are found in each app.
         "DIRS": [BASE_DIR / "emailhub" / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
@@ -339,7 +341,7 @@ EMAILHUB_RATE_MAX_WAIT_SECONDS = env_float("EMAILHUB_RATE_MAX_WAIT_SECONDS", 30.
 EMAILHUB_THROTTLE_DEFAULT_SECONDS = env_float("EMAILHUB_THROTTLE_DEFAULT_SECONDS", 60.0, minimum=0.1)
 EMAILHUB_THROTTLE_MAX_SECONDS = env_float("EMAILHUB_THROTTLE_MAX_SECONDS", 3600.0, minimum=0.1)
 
-# --- Metrics and readiness (emailhub/metrics.py, emailhub/health.py) ---------------------------
+# --- Metrics and readiness (core/metrics.py, core/health.py) ---------------------------
 
 # GET /metrics answers a client whose address is in EMAILHUB_METRICS_ALLOW (CIDRs; `none` for
 # no address) or that sends `Authorization: Bearer <EMAILHUB_METRICS_TOKEN>` (when set); anyone
@@ -382,8 +384,8 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["delivery.authentication.ApiKeyAuthentication"],
     # A valid key holding the view's scope for the method; `manage` unless the view says otherwise.
     "DEFAULT_PERMISSION_CLASSES": ["delivery.permissions.ApiKeyScopes"],
-    "DEFAULT_PARSER_CLASSES": ["emailhub.api_json.JSONParser"],
-    "EXCEPTION_HANDLER": "emailhub.api_errors.exception_handler",
+    "DEFAULT_PARSER_CLASSES": ["core.api_json.JSONParser"],
+    "EXCEPTION_HANDLER": "core.api_errors.exception_handler",
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     # drf-spectacular's, with every operation's error responses and security (core/api_schema.py).
     "DEFAULT_SCHEMA_CLASS": "core.api_schema.AutoSchema",

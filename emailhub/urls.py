@@ -6,11 +6,11 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, Spec
 
 from campaigns.views import unsubscribe_view
 from core.admin import operator_timezone_view
+from core.health import healthz, readyz
+from core.metrics import metrics_view
 from delivery.admin import provider_health_view
 from delivery.tracking import views as tracking_views
-from emailhub.dashboard import dashboard_data_view, dashboard_view
-from emailhub.health import healthz, readyz
-from emailhub.metrics import metrics_view
+from operations.dashboard import dashboard_data_view, dashboard_view
 
 # The admin is emailhub's, and its "View site" link goes somewhere real: the API's docs.
 admin.site.site_header = "emailhub"

@@ -125,3 +125,12 @@ def schedules_page(*, kind: str | None, status: str | None, page: int, page_size
         "schedules": rows[start : start + page_size],
         "queue_snapshot": queue_snapshot(),
     }
+
+
+def queue_depths() -> list[tuple[tuple[str, str], int]]:
+    """((priority, pending|processing), messages): the scrape-time gauge emailhub_queue_depth."""
+    return [
+        ((priority, state), count)
+        for priority, counts in queue_snapshot().items()
+        for state, count in counts.items()
+    ]

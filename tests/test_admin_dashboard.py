@@ -33,7 +33,7 @@ from delivery.providers import get_provider
 from delivery.services import transitions
 from delivery.services.sending import send_messages
 from delivery.testing.smtp_server import SMTPTestServer
-from emailhub import dashboard
+from operations import dashboard
 from tests.campaign_data import make_audience, make_campaign
 
 pytestmark = pytest.mark.django_db(transaction=True)

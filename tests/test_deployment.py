@@ -101,7 +101,7 @@ def test_ci_runs_the_readme_test_command() -> None:
 
 # --- requirements: production holds what emailhub runs, nothing else ---------------------------
 
-PRODUCTION_DIRS = ("emailhub", "core", "fastpaths", "campaigns", "delivery", "scheduling")
+PRODUCTION_DIRS = ("emailhub", "core", "fastpaths", "campaigns", "delivery", "scheduling", "operations")
 # delivery/testing/ holds the local servers the tests, the demo and the benchmarks use (moto's
 # SES, a SendGrid stand-in). Production reaches only what a production module imports from it
 # (manage.py smtp_sink imports its SMTP server, hence aiosmtpd), which the scan below follows.

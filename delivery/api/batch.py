@@ -141,7 +141,7 @@ def _item_error(status_code: int, code: str, detail: Any) -> dict[str, Any]:
     general = fields.pop("non_field_errors", None)
     message = "; ".join(general) if general else "invalid input: " + ", ".join(fields)
     error = {"status": status_code, "code": code, "message": message, "fields": fields}
-    hit = limit_hit(detail)  # as the error shape does for a whole request (emailhub.api_errors)
+    hit = limit_hit(detail)  # as the error shape does for a whole request (core.api_errors)
     if hit is not None:
         error.update(code="limit_exceeded", limit=hit.error_member())
     return error

@@ -1,4 +1,4 @@
-// emailhub admin dashboard (emailhub/dashboard.py): every few seconds, fetch the JSON of the
+// emailhub admin dashboard (operations/dashboard.py): every few seconds, fetch the JSON of the
 // same page (same origin, the session cookie) and redraw each section. Text only (textContent),
 // never markup from the data.
 (function () {

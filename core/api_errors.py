@@ -27,10 +27,10 @@ from rest_framework import exceptions
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from core.api_json import RequestTooLarge
 from core.limits import limit_hit
 from core.outages import DEPENDENCY_UNREACHABLE
 from core.validators import unstorable_reason
-from emailhub.api_json import RequestTooLarge
 
 logger = logging.getLogger(__name__)
 

@@ -250,7 +250,7 @@ def dashboard_view(request: HttpRequest) -> HttpResponse:
         "data": data,
         "data_url": reverse("admin-dashboard-data"),
     }
-    return TemplateResponse(request, "admin/emailhub/dashboard.html", context)
+    return TemplateResponse(request, "admin/operations/dashboard.html", context)
 
 
 def dashboard_data_view(request: HttpRequest) -> JsonResponse:
