@@ -40,8 +40,8 @@ django.setup()
 
 from django.test import override_settings  # noqa: E402
 
+from core import redis_clients  # noqa: E402
 from core.client_ip import client_address, networks  # noqa: E402
-from delivery.breakers import redis_client  # noqa: E402
 from delivery.tracking.serve import TrackingFastPath  # noqa: E402
 from delivery.tracking.tokens import open_token  # noqa: E402
 
@@ -119,7 +119,7 @@ def main() -> None:
         for env in batch:
             proxied(env, start_response)
         forwarded.append((timeit.default_timer() - started) / args.hits * 1e6)
-    redis_client().delete(os.environ["EMAILHUB_TRACKING_QUEUE"])
+    redis_clients.send_path().delete(os.environ["EMAILHUB_TRACKING_QUEUE"])
     print(f"open_hit_default_us: {median(plain):.1f} us (rounds {', '.join(f'{v:.0f}' for v in plain)})")
     print(
         f"open_hit_trusted_proxy_new_client_us: {median(forwarded):.1f} us "

@@ -230,11 +230,11 @@ def drain_with_claim(batch: int) -> int:
 
 
 def drain_with_lua(batch: int) -> int:
-    from core import schedule_index
+    from core import redis_clients, schedule_index
 
     # The exact script and call run_scheduler's claim() makes (EVALSHA over the same client),
     # minus the parsing of the reply into Unit objects: what Redis and the round trip cost alone.
-    client, total = schedule_index.client(), 0
+    client, total = redis_clients.schedule(), 0
     while True:
         joined, _, _ = schedule_index._claim_script(
             keys=[schedule_index.DUE, schedule_index.CLAIMS],
@@ -247,11 +247,11 @@ def drain_with_lua(batch: int) -> int:
 
 
 def drain_naive(batch: int) -> int:
-    from core import schedule_index
+    from core import redis_clients, schedule_index
 
     # The source design: read what is due, then remove it. Two round trips, and two claimers can
     # read the same units between them; counted by what ZREM really removed.
-    client, total = schedule_index.client(), 0
+    client, total = redis_clients.schedule(), 0
     while True:
         units = client.zrangebyscore(schedule_index.DUE, "-inf", time.time(), start=0, num=batch)
         if not units:
@@ -261,9 +261,9 @@ def drain_naive(batch: int) -> int:
 
 def claim_steps(batch: int) -> dict[str, Callable[[], int]]:
     """One batch of each method; each returns the units it took (0: the set is empty)."""
-    from core import schedule_index
+    from core import redis_clients, schedule_index
 
-    client = schedule_index.client()
+    client = redis_clients.schedule()
 
     def claim() -> int:
         return len(schedule_index.claim(batch, LEASE_SECONDS).units)

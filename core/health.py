@@ -18,12 +18,13 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-import redis as redis_lib
 from django.conf import settings
 from django.db import connections
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_GET
 from kombu import Connection
+
+from core import redis_clients
 
 logger = logging.getLogger(__name__)
 
@@ -43,9 +44,7 @@ def check_postgres(timeout: float) -> None:
 
 
 def check_redis(timeout: float) -> None:
-    client = redis_lib.Redis.from_url(
-        settings.REDIS_URL, socket_timeout=timeout, socket_connect_timeout=timeout
-    )
+    client = redis_clients.fresh(timeout)
     try:
         client.ping()
     finally:

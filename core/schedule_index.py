@@ -22,9 +22,10 @@ from datetime import datetime
 from typing import NamedTuple
 
 import redis as redis_lib
-from django.conf import settings
 from django.db import transaction
 from redis.commands.core import Script
+
+from core import redis_clients
 
 DUE = "emailhub:schedule:due"
 # Leases are per claim, not per unit: `CLAIMS` scores each claim token by its lease expiry and
@@ -86,22 +87,6 @@ return returned
 _claim_script = Script(None, _CLAIM.encode())  # type: ignore[arg-type]
 _reap_script = Script(None, _REAP.encode())  # type: ignore[arg-type]
 
-_client: redis_lib.Redis | None = None
-
-
-def client() -> redis_lib.Redis:
-    global _client
-    if _client is None:
-        _client = redis_lib.Redis.from_url(settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=2)
-    return _client
-
-
-def reset_client() -> None:
-    global _client
-    if _client is not None:
-        _client.close()
-    _client = None
-
 
 def message_unit(message_id: int) -> str:
     return f"m:{message_id}"
@@ -145,7 +130,7 @@ def add(units: Iterable[tuple[str, datetime]], *, redis: redis_lib.Redis | None 
     """Index units (unit, due). A unit already indexed keeps the earlier of the two due times."""
     mapping = {unit: due.timestamp() for unit, due in units}
     if mapping:
-        (redis or client()).zadd(DUE, mapping, lt=True)
+        (redis or redis_clients.schedule()).zadd(DUE, mapping, lt=True)
 
 
 def remove(units: Iterable[str], *, redis: redis_lib.Redis | None = None) -> int:
@@ -153,7 +138,7 @@ def remove(units: Iterable[str], *, redis: redis_lib.Redis | None = None) -> int
     members = list(units)
     removed = 0
     for start in range(0, len(members), 5000):
-        removed += int((redis or client()).zrem(DUE, *members[start : start + 5000]) or 0)
+        removed += int((redis or redis_clients.schedule()).zrem(DUE, *members[start : start + 5000]) or 0)
     return removed
 
 
@@ -177,13 +162,13 @@ def add_missing(units: list[tuple[str, float]]) -> int:
     dispatched right now may be added again; dispatching it twice moves nothing the second time."""
     if not units:
         return 0
-    return int(client().zadd(DUE, dict(units), nx=True) or 0)
+    return int(redis_clients.schedule().zadd(DUE, dict(units), nx=True) or 0)
 
 
 def claim(limit: int, lease_seconds: float) -> Claim:
     token = uuid.uuid4().hex
     joined, now, next_due = _claim_script(
-        keys=[DUE, CLAIMS], args=[limit, lease_seconds, CLAIM_PREFIX, token], client=client()
+        keys=[DUE, CLAIMS], args=[limit, lease_seconds, CLAIM_PREFIX, token], client=redis_clients.schedule()
     )
     return Claim(token, parse_units(joined), float(now), float(next_due) if next_due else None)
 
@@ -202,7 +187,7 @@ def parse_units(joined: bytes) -> list[Unit]:
 
 def ack(claim: Claim) -> None:
     if claim.units:
-        pipe = client().pipeline(transaction=False)
+        pipe = redis_clients.schedule().pipeline(transaction=False)
         pipe.delete(CLAIM_PREFIX + claim.token)
         pipe.zrem(CLAIMS, claim.token)
         pipe.execute()
@@ -210,12 +195,12 @@ def ack(claim: Claim) -> None:
 
 def reap(limit: int = 1000) -> int:
     """Put the units of claims whose lease expired (their claimer died) back, due now."""
-    return int(_reap_script(keys=[DUE, CLAIMS], args=[limit, CLAIM_PREFIX], client=client()))
+    return int(_reap_script(keys=[DUE, CLAIMS], args=[limit, CLAIM_PREFIX], client=redis_clients.schedule()))
 
 
 def sizes() -> dict[str, int]:
     """Units due (indexed) and claims in flight (leased)."""
-    pipe = client().pipeline()
+    pipe = redis_clients.schedule().pipeline()
     pipe.zcard(DUE)
     pipe.zcard(CLAIMS)
     due, leased = pipe.execute()

@@ -38,6 +38,7 @@ import pybreaker
 import redis as redis_lib
 from django.conf import settings
 
+from core import redis_clients
 from delivery.exceptions import ProviderThrottled, ProviderUnavailable
 
 logger = logging.getLogger(__name__)
@@ -72,7 +73,6 @@ class CircuitOpen(Exception):
 PROBE_WAIT_SECONDS = 1.0
 
 
-_redis: redis_lib.Redis | None = None
 _breakers: dict[str, pybreaker.CircuitBreaker] = {}
 
 
@@ -111,7 +111,7 @@ def register_circuit(provider: str, endpoint: str, pool: str) -> str:
         _registered[(pool, key)] = now
         entry = {"provider": provider, "endpoint": endpoint, "pool": pool, "seen_at": time.time()}
         try:
-            redis_client().hset(CIRCUITS_KEY, f"{pool} {key}", json.dumps(entry))
+            redis_clients.send_path().hset(CIRCUITS_KEY, f"{pool} {key}", json.dumps(entry))
         except redis_lib.RedisError:
             pass  # the circuit works without it; only the pages miss it until the next try
     return key
@@ -122,7 +122,7 @@ def circuits_seen(pools: tuple[str, ...]) -> list[CircuitSeen]:
     order of `pools`) that used it. Raises RedisError when Redis cannot say."""
     oldest = time.time() - CIRCUIT_SHOWN_SECONDS
     used: dict[tuple[str, str], set[str]] = {}
-    for value in redis_client().hvals(CIRCUITS_KEY):
+    for value in redis_clients.send_path().hvals(CIRCUITS_KEY):
         entry = json.loads(value)
         if float(entry["seen_at"]) >= oldest:
             used.setdefault((entry["provider"], entry["endpoint"]), set()).add(entry["pool"])
@@ -132,25 +132,11 @@ def circuits_seen(pools: tuple[str, ...]) -> list[CircuitSeen]:
     ]
 
 
-def redis_client() -> redis_lib.Redis:
-    """A Redis client for breaker and rate-limit state, with short timeouts: Redis trouble must
-    cost a send milliseconds, never seconds."""
-    global _redis
-    if _redis is None:
-        _redis = redis_lib.Redis.from_url(
-            settings.REDIS_URL, socket_timeout=0.5, socket_connect_timeout=0.5, health_check_interval=30
-        )
-    return _redis
-
-
 def reset_process_state() -> None:
     """Forget this process's clients, breakers and registrations (after fork, or between tests)."""
-    global _redis
     _breakers.clear()
     _registered.clear()
-    if _redis is not None:
-        _redis.close()
-    _redis = None
+    redis_clients.reset()
 
 
 # Record a state change once, however many processes report it. Two processes whose calls fail
@@ -174,7 +160,7 @@ class _Recorder(pybreaker.CircuitBreakerListener):
         old = getattr(old_state, "name", str(old_state))
         new = getattr(new_state, "name", str(new_state))
         try:
-            changed = redis_client().eval(
+            changed = redis_clients.send_path().eval(
                 _RECORD_CHANGE, 1, STATS_KEY.format(name=self.provider), new, f"{old}->{new}", time.time()
             )
         except redis_lib.RedisError as exc:
@@ -187,7 +173,7 @@ class _Recorder(pybreaker.CircuitBreakerListener):
     def failure(self, cb: pybreaker.CircuitBreaker, exc: BaseException) -> None:
         key = STATS_KEY.format(name=self.provider)
         try:
-            pipe = redis_client().pipeline()
+            pipe = redis_clients.send_path().pipeline()
             pipe.hset(key, mapping={"last_error": str(exc)[:1000], "last_error_at": time.time()})
             pipe.hincrby(key, "failures", 1)
             pipe.execute()
@@ -201,7 +187,7 @@ def breaker_for(name: str) -> pybreaker.CircuitBreaker:
         return breaker
     try:
         storage: pybreaker.CircuitBreakerStorage = pybreaker.CircuitRedisStorage(
-            pybreaker.STATE_CLOSED, redis_client(), namespace=NAMESPACE.format(name=name)
+            pybreaker.STATE_CLOSED, redis_clients.send_path(), namespace=NAMESPACE.format(name=name)
         )
     except redis_lib.RedisError as exc:
         # CircuitRedisStorage writes its initial state in its constructor and does not catch
@@ -266,7 +252,7 @@ def guarded_call(name: str, func: Callable[[], T]) -> T:
     token_key = f"{NAMESPACE.format(name=name)}:probe"
     token = f"{os.getpid()}:{time.monotonic_ns()}"
     try:
-        acquired = redis_client().set(token_key, token, nx=True, ex=PROBE_TOKEN_SECONDS)
+        acquired = redis_clients.send_path().set(token_key, token, nx=True, ex=PROBE_TOKEN_SECONDS)
     except redis_lib.RedisError:
         acquired = True  # fail open, like the breaker itself
     if not acquired:
@@ -277,7 +263,7 @@ def guarded_call(name: str, func: Callable[[], T]) -> T:
     finally:
         try:
             # Only our own token: if ours expired during a long probe, another process holds it now.
-            redis_client().eval(_RELEASE_TOKEN, 1, token_key, token)
+            redis_clients.send_path().eval(_RELEASE_TOKEN, 1, token_key, token)
         except redis_lib.RedisError:
             pass
 
@@ -346,7 +332,7 @@ def snapshot(name: str) -> dict[str, object]:
     storage = breaker._state_storage
     stats = {}
     try:
-        raw = redis_client().hgetall(STATS_KEY.format(name=name))
+        raw = redis_clients.send_path().hgetall(STATS_KEY.format(name=name))
         stats = {_text(k): _text(v) for k, v in raw.items()}
     except redis_lib.RedisError as exc:
         stats = {"redis_error": str(exc)}

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import redis as redis_lib
 from django.conf import settings
 
-from delivery.breakers import redis_client
+from core import redis_clients
 
 # KEYS[1] bucket; ARGV: rate/s, capacity, requested, floor (tokens that must remain), ttl ms.
 # Returns {granted, wait_ms}: how many tokens were taken (possibly fewer than asked) and, when
@@ -64,7 +64,7 @@ class TokenBucket:
         self.rate = rate
         self.capacity = max(1.0, rate)  # one second of quota
         self.reserved = math.floor(self.capacity * reserved_fraction)
-        self.client = client or redis_client()
+        self.client = client or redis_clients.send_path()
         self._script = self.client.register_script(_TAKE)
 
     def take(self, count: int, *, reserved: bool) -> Take:
@@ -129,7 +129,9 @@ def pause_provider(name: str, seconds: float | None, reason: str) -> float:
         seconds = settings.EMAILHUB_THROTTLE_DEFAULT_SECONDS
     seconds = min(seconds, settings.EMAILHUB_THROTTLE_MAX_SECONDS)
     try:
-        ms = redis_client().eval(_PAUSE, 1, PAUSE_KEY.format(name=name), int(seconds * 1000), reason[:500])
+        ms = redis_clients.send_path().eval(
+            _PAUSE, 1, PAUSE_KEY.format(name=name), int(seconds * 1000), reason[:500]
+        )
     except redis_lib.RedisError:
         return 0.0
     return int(ms) / 1000
@@ -138,7 +140,7 @@ def pause_provider(name: str, seconds: float | None, reason: str) -> float:
 def pause_remaining(name: str) -> float:
     """Seconds left in `name`'s pause; 0 when it is not paused (or Redis cannot say)."""
     try:
-        ms = redis_client().pttl(PAUSE_KEY.format(name=name))
+        ms = redis_clients.send_path().pttl(PAUSE_KEY.format(name=name))
     except redis_lib.RedisError:
         return 0.0
     return max(int(ms), 0) / 1000

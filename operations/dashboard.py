@@ -36,7 +36,6 @@ from datetime import UTC, datetime
 from typing import Any, cast
 
 import redis as redis_lib
-from django.conf import settings
 from django.contrib import admin
 from django.core.serializers.json import DjangoJSONEncoder
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -45,6 +44,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from campaigns.selectors import campaigns_in_flight, waiting_until, waits_for_due_instant
+from core import redis_clients
 from core.admin import zoned_text
 from delivery.selectors import next_sends, provider_health, recent_failures, recent_feedback
 from scheduling.selectors import queue_snapshot
@@ -56,27 +56,11 @@ RATE_WINDOW_SECONDS = 60.0
 RECENT_ROWS = 10
 _SAMPLES_KEY = "emailhub:dashboard:finished:{id}"
 
-_redis: redis_lib.Redis | None = None
-
-
-def _client() -> redis_lib.Redis:
-    global _redis
-    if _redis is None:
-        # Short timeouts: a slow Redis costs the page its rates, never the page itself.
-        _redis = redis_lib.Redis.from_url(settings.REDIS_URL, socket_timeout=1, socket_connect_timeout=1)
-    return _redis
-
-
-def reset_client() -> None:
-    """Forget the connection (tests switch Redis databases between runs)."""
-    global _redis
-    _redis = None
-
 
 def _window_samples(now: float, finished: dict[int, int]) -> dict[int, tuple[float, int] | None]:
     """Record (now, finished) for each campaign and return the oldest sample at least one
     second old within the window: one pipeline, whatever the number of campaigns."""
-    pipe = _client().pipeline(transaction=False)
+    pipe = redis_clients.pages().pipeline(transaction=False)
     for campaign_id, done in finished.items():
         key = _SAMPLES_KEY.format(id=campaign_id)
         pipe.zremrangebyscore(key, "-inf", now - 2 * RATE_WINDOW_SECONDS)
@@ -229,14 +213,14 @@ def shared_dashboard_data() -> dict[str, Any]:
         return dashboard_data()
     key = _SHARED_KEY.format(zone=timezone.get_current_timezone_name())
     try:
-        cached = _client().get(key)
+        cached = redis_clients.pages().get(key)
     except redis_lib.RedisError:
         return dashboard_data()
     if cached is not None:
         return cast(dict[str, Any], json.loads(cached))
     data = dashboard_data()
     try:
-        _client().set(key, json.dumps(data, cls=DjangoJSONEncoder), px=int(SHARED_SECONDS * 1000))
+        redis_clients.pages().set(key, json.dumps(data, cls=DjangoJSONEncoder), px=int(SHARED_SECONDS * 1000))
     except redis_lib.RedisError:
         pass
     return data

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 
 from campaigns.models import Campaign
-from core import schedule_index
+from core import redis_clients, schedule_index
 from delivery.selectors import pending_message_units
 from delivery.services import probes, transitions
 
@@ -46,7 +46,7 @@ class Reconciled:
 
 def reconcile() -> Reconciled:
     result = Reconciled()
-    result.redis_was_reset = bool(schedule_index.client().set(MARKER, int(time.time()), nx=True))
+    result.redis_was_reset = bool(redis_clients.schedule().set(MARKER, int(time.time()), nx=True))
     units = pending_message_units()
     units += [
         (schedule_index.campaign_unit(campaign_id), scheduled_at.timestamp())

@@ -56,17 +56,17 @@ def smtp(smtp_server: SMTPTestServer, settings) -> Iterator[SMTPTestServer]:  # 
 @pytest.fixture(autouse=True)
 def redis() -> Iterator[redis_lib.Redis]:
     """The test Redis database, empty: no queued task, breaker or bucket leaks between tests."""
-    from core import schedule_index
+    from core import redis_clients
     from delivery import breakers
 
     client = redis_lib.Redis.from_url(settings.REDIS_URL)
     client.flushdb()
     breakers.reset_process_state()
-    schedule_index.reset_client()
+    redis_clients.reset()
     yield client
     client.flushdb()
     breakers.reset_process_state()
-    schedule_index.reset_client()
+    redis_clients.reset()
     client.close()
 
 

@@ -23,6 +23,7 @@ from django.utils import timezone
 
 from campaigns import fanout, lifecycle
 from campaigns.models import Campaign, Contact
+from core import redis_clients
 from core.admin import zoned_text
 from core.models import OutboxEvent
 from core.operator_zone import TIMEZONE_COOKIE
@@ -41,7 +42,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture(autouse=True)
 def _dashboard_redis(monkeypatch: pytest.MonkeyPatch) -> None:
-    dashboard.reset_client()  # the conftest's Redis database, flushed per test
     monkeypatch.setattr(dashboard, "SHARED_SECONDS", 0.0)  # every read computes (one test shares)
 
 
@@ -250,9 +250,12 @@ def test_eta_reads_as_a_duration() -> None:
     ]  # fmt: skip
 
 
-def test_dashboard_survives_redis_being_away(admin_client: Client, smtp: SMTPTestServer) -> None:
+def test_dashboard_survives_redis_being_away(
+    admin_client: Client, smtp: SMTPTestServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     campaign = _running_campaign(smtp)
-    dashboard._redis = redis_lib.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)
+    away = redis_lib.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)
+    monkeypatch.setattr(redis_clients, "pages", lambda: away)
     data = admin_client.get("/admin/dashboard/data/").json()
     (row,) = [c for c in data["campaigns"] if c["id"] == campaign.pk]
     assert row["rate_basis"] == "since_start"

@@ -218,6 +218,6 @@ def test_behind_a_trusted_proxy_the_fast_path_records_the_forwarded_client(stack
 
 
 def stack_queue() -> list[bytes]:
-    from delivery.breakers import redis_client
+    from core import redis_clients
 
-    return list(redis_client().lrange(settings.EMAILHUB_TRACKING_QUEUE, 0, -1))
+    return list(redis_clients.send_path().lrange(settings.EMAILHUB_TRACKING_QUEUE, 0, -1))

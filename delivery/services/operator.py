@@ -91,7 +91,7 @@ def _unindex(units: list[str]) -> None:
     """Drop message units from the due set. Only tidiness: a unit left behind is dispatched into
     a conditional UPDATE that no longer matches the cancelled row."""
     try:
-        schedule_index.client().zrem(schedule_index.DUE, *units)
+        schedule_index.remove(units)
     except redis_lib.RedisError as exc:
         logger.warning("could not drop %d cancelled unit(s) from the schedule index: %s", len(units), exc)
 

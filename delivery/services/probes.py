@@ -56,8 +56,7 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from django.db import connection
 
-from core import outbox
-from delivery.breakers import redis_client
+from core import outbox, redis_clients
 from delivery.services import send_events, transitions
 from emailhub.celery import PRIORITY_QUEUES
 from emailhub.celery import app as celery_app
@@ -149,7 +148,7 @@ def _key(queue: str) -> str:
 
 def mark_consumed(queue: str, token: str, *, now: float | None = None) -> bool:
     """The probe task's body: record that `token` reached a worker (only the current token counts)."""
-    return bool(redis_client().eval(_CONSUMED, 1, _key(queue), token, _epoch(now)))
+    return bool(redis_clients.send_path().eval(_CONSUMED, 1, _key(queue), token, _epoch(now)))
 
 
 def current_cutoff(margin: float, *, now: float | None = None) -> float:
@@ -171,7 +170,7 @@ def run(
     margin = settings.EMAILHUB_QUEUE_PROBE_MARGIN_SECONDS if margin is None else margin
     timeout = settings.EMAILHUB_QUEUE_PROBE_TIMEOUT_SECONDS if timeout is None else timeout
     report = ProbeReport()
-    client = redis_client()
+    client = redis_clients.send_path()
     tokens: dict[str, str] = {}
     cutoffs: dict[str, float] = {}
     for queue in PRIORITY_QUEUES:
@@ -214,5 +213,5 @@ def run(
 
 def state(queue: str) -> dict[str, str]:
     """The queue's probe as stored in Redis (for tests and operators)."""
-    raw: dict[bytes, bytes] = redis_client().hgetall(_key(queue))  # type: ignore[assignment]
+    raw: dict[bytes, bytes] = redis_clients.send_path().hgetall(_key(queue))  # type: ignore[assignment]
     return {k.decode(): v.decode() for k, v in raw.items()}

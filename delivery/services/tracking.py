@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from django.conf import settings
 from django.db import DatabaseError
 
-from delivery.breakers import redis_client
+from core import redis_clients
 from delivery.services.events import InvalidEvent, ProviderEvent, record_events
 from delivery.tracking import hits
 
@@ -69,7 +69,7 @@ def drain_batch(batch_size: int | None = None) -> tuple[int, int]:
         logger.exception("dropping %d tracking hits that cannot be recorded", len(raw))
         return len(raw), 0
     except DatabaseError:
-        redis_client().lpush(settings.EMAILHUB_TRACKING_QUEUE, *reversed(raw))
+        redis_clients.send_path().lpush(settings.EMAILHUB_TRACKING_QUEUE, *reversed(raw))
         raise
     return len(raw), recorded.new
 

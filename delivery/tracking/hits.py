@@ -24,7 +24,7 @@ from typing import Any
 import redis as redis_lib
 from django.conf import settings
 
-from delivery.breakers import redis_client
+from core import redis_clients
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ def decode(raw: bytes | str) -> QueuedHit | None:
 def push(entry: str) -> bool:
     """Queue one hit; False (logged) when Redis is unavailable: the answer does not change."""
     try:
-        redis_client().rpush(settings.EMAILHUB_TRACKING_QUEUE, entry)
+        redis_clients.send_path().rpush(settings.EMAILHUB_TRACKING_QUEUE, entry)
     except redis_lib.RedisError as exc:
         logger.warning("tracking hit not queued (Redis unavailable): %s", exc)
         return False
@@ -98,9 +98,9 @@ def push(entry: str) -> bool:
 
 def pop(count: int) -> list[Any]:
     """Up to `count` queued entries, removed atomically (two drains never get the same hit)."""
-    popped = redis_client().lpop(settings.EMAILHUB_TRACKING_QUEUE, count)
+    popped = redis_clients.send_path().lpop(settings.EMAILHUB_TRACKING_QUEUE, count)
     return list(popped or [])
 
 
 def pending() -> int:
-    return int(redis_client().llen(settings.EMAILHUB_TRACKING_QUEUE))
+    return int(redis_clients.send_path().llen(settings.EMAILHUB_TRACKING_QUEUE))

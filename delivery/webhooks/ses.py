@@ -57,7 +57,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from django.conf import settings
 
-from delivery.breakers import redis_client
+from core import redis_clients
 from delivery.models import EmailEvent
 from delivery.services.events import ProviderEvent, RecordedEvents, storable_event_id
 from delivery.webhooks.base import (
@@ -193,7 +193,7 @@ class CertificateStore:
     def _from_redis(redis_key: str) -> bytes | None:
         # The Redis copy only saves a download; when Redis is down we fetch.
         try:
-            value = redis_client().get(redis_key)
+            value = redis_clients.send_path().get(redis_key)
         except Exception:  # noqa: BLE001 - any Redis trouble: fetch instead
             logger.warning("SNS certificate cache unavailable in Redis; fetching", exc_info=True)
             return None
@@ -202,7 +202,7 @@ class CertificateStore:
     @staticmethod
     def _to_redis(redis_key: str, pem: bytes) -> None:
         try:
-            redis_client().set(redis_key, pem, ex=CERT_REDIS_TTL_SECONDS)
+            redis_clients.send_path().set(redis_key, pem, ex=CERT_REDIS_TTL_SECONDS)
         except Exception:  # noqa: BLE001
             logger.warning("could not cache the SNS certificate in Redis", exc_info=True)
 

@@ -18,7 +18,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import close_old_connections
 
-from core import schedule_index
+from core import redis_clients, schedule_index
 from scheduling.dispatch import dispatch
 
 logger = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ class Command(BaseCommand):
             except Exception:  # noqa: BLE001 - Redis or PostgreSQL away: keep trying, never exit
                 logger.exception("scheduler loop failed; retrying in 1 s")
                 close_old_connections()
-                schedule_index.reset_client()
+                redis_clients.reset()
                 wait = 1.0
             stop.wait(max(wait, 0.001))
         gc.callbacks.remove(pauses)
