@@ -42,8 +42,9 @@ from django.test import override_settings  # noqa: E402
 
 from core import redis_clients  # noqa: E402
 from core.client_ip import client_address, networks  # noqa: E402
-from delivery.tracking.serve import TrackingFastPath  # noqa: E402
+from delivery.tracking.serve import HITS  # noqa: E402
 from delivery.tracking.tokens import open_token  # noqa: E402
+from fastpaths.tracking import TrackingFastPath  # noqa: E402
 
 TRUSTED = ["127.0.0.1/32", "10.0.0.0/8"]
 
@@ -101,9 +102,9 @@ def main() -> None:
     def start_response(status: str, headers: list[tuple[str, str]]) -> None:
         pass
 
-    default = TrackingFastPath(lambda e, s: [b""])
+    default = TrackingFastPath(lambda e, s: [b""], HITS)
     with override_settings(EMAILHUB_TRUSTED_PROXIES=TRUSTED):
-        proxied = TrackingFastPath(lambda e, s: [b""])
+        proxied = TrackingFastPath(lambda e, s: [b""], HITS)
         proxied(environ(None), start_response)  # reads its settings now, inside the override
     default(environ(None), start_response)
     plain_env = environ(None)

@@ -228,7 +228,7 @@ EMAILHUB_RETRY_MAX_SECONDS = env_float("EMAILHUB_RETRY_MAX_SECONDS", 3600.0, min
 # replaces, its gain and the test that pins it): the ones switched on, comma-separated. `none`
 # switches every one off; the plain code (send_task, DRF's own serializers, Django's per-request
 # connection check) then runs and the suite passes the same.
-FAST_PATH_NAMES = ("publish", "serializers", "db_health")
+FAST_PATH_NAMES = ("publish", "serializers", "db_health", "tracking")
 EMAILHUB_FAST_PATHS = [
     name
     for name in env_list("EMAILHUB_FAST_PATHS", list(FAST_PATH_NAMES), allowed={*FAST_PATH_NAMES, "none"})

@@ -9,13 +9,15 @@ django_application = get_wsgi_application()
 
 # Imported after Django is set up (get_wsgi_application), as the tracking modules read settings.
 import fastpaths  # noqa: E402
-from delivery.tracking.serve import TrackingFastPath  # noqa: E402
+from delivery.tracking import serve  # noqa: E402
 from fastpaths import db_health, publish  # noqa: E402
+from fastpaths.tracking import TrackingFastPath, WsgiApp  # noqa: E402
 
-# Open pixels and tracked links are answered before Django's middleware (see
-# delivery/tracking/serve.py: the same functions as the views, no session, no database);
-# everything else is Django's.
-application = TrackingFastPath(django_application)
+application: WsgiApp = django_application
+if fastpaths.enabled("tracking"):
+    # Open pixels and tracked links answered before Django's middleware (fastpaths/tracking.py:
+    # the same functions as the views, no session, no database); everything else is Django's.
+    application = TrackingFastPath(django_application, serve.HITS)
 if fastpaths.enabled("db_health"):
     # A connection health check at most once a second per connection (fastpaths/db_health.py).
     db_health.install()

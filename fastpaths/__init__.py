@@ -14,6 +14,7 @@ package uses a framework's private API (tests/test_import_rules.py).
 - `serializers`: DRF serializers built once per thread (fastpaths/serializers.py).
 - `db_health`: the database connection's health check at most once a second per web connection
   (fastpaths/db_health.py).
+- `tracking`: open pixels and tracked links answered before Django's stack (fastpaths/tracking.py).
 """
 
 from __future__ import annotations

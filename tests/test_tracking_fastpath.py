@@ -1,12 +1,16 @@
-"""The WSGI fast path for /t/o and /t/c (delivery/tracking/serve.py): through a real gunicorn it
-answers pixels and clicks itself, with Django's answers (status, headers, body), queues the same
-hit the views queue, writes nothing to the database, and leaves everything else to Django."""
+"""The WSGI fast path for /t/o and /t/c (fastpaths/tracking.py): it answers pixels and clicks
+itself, with Django's answers (status, headers, body), queues the same hit the views queue, writes
+nothing to the database, and leaves everything else to Django. The gunicorn tests run with every
+fast path on and with every one off (Django's views answer): the same outcomes."""
 
 from __future__ import annotations
 
 import http.client
 import io
 import json
+import os
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -17,8 +21,9 @@ from django.test import Client
 from delivery.models import EmailEvent
 from delivery.services.tracking import drain_hits
 from delivery.tracking import hits
-from delivery.tracking.serve import PIXEL, TrackingFastPath
+from delivery.tracking.serve import HITS, PIXEL
 from delivery.tracking.tokens import click_token, open_token
+from fastpaths.tracking import TrackingFastPath
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -66,7 +71,7 @@ def call(
 
 def test_fast_path_answers_hits_itself_and_passes_everything_else_on(redis) -> None:  # noqa: ANN001
     django = NotDjango()
-    app = TrackingFastPath(django)
+    app = TrackingFastPath(django, HITS)
     status, answer = call(app, f"/t/o/{open_token(12)}")
     assert status == "200 OK" and answer["body"] == PIXEL and answer["Content-Type"] == "image/gif"
     assert call(app, "/t/o/not-a-token")[0] == "200 OK"  # no oracle, and nothing queued
@@ -95,7 +100,7 @@ def test_fast_path_answers_hits_itself_and_passes_everything_else_on(redis) -> N
 
 
 def test_fast_path_answers_match_the_django_views(redis) -> None:  # noqa: ANN001
-    app = TrackingFastPath(NotDjango())
+    app = TrackingFastPath(NotDjango(), HITS)
     client = Client(HTTP_HOST="127.0.0.1")
     for path in [f"/t/o/{open_token(3)}", "/t/o/unknown", f"/t/c/{click_token(3, 0, 'https://a.example/é')}"]:
         response = client.get(path, HTTP_USER_AGENT=BROWSER)
@@ -109,10 +114,23 @@ def test_fast_path_answers_match_the_django_views(redis) -> None:  # noqa: ANN00
     assert redis.llen(settings.EMAILHUB_TRACKING_QUEUE) == 4  # two opens and a click, each twice
 
 
-def test_pixel_and_click_through_gunicorn_with_the_fast_path(stack, web_port: int) -> None:  # noqa: ANN001
-    from emailhub.wsgi import application
+@pytest.mark.parametrize("switched", ["tracking", "none"])
+def test_the_switch_decides_what_emailhub_wsgi_serves(switched: str) -> None:
+    from tests.conftest import process_env
 
-    assert isinstance(application, TrackingFastPath)  # what gunicorn serves (emailhub.wsgi)
+    env = {**os.environ, **process_env(25), "EMAILHUB_FAST_PATHS": switched}
+    done = subprocess.run(
+        [sys.executable, "-c", "import emailhub.wsgi as w; print(type(w.application).__name__)"],
+        env=env, capture_output=True, text=True, cwd=settings.BASE_DIR,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == (
+        "TrackingFastPath" if switched == "tracking" else "WSGIHandler"
+    )
+
+
+@pytest.mark.usefixtures("fast_paths")
+def test_pixel_and_click_through_gunicorn(stack, web_port: int) -> None:  # noqa: ANN001
     stack.start_web(web_port, workers=1, extra_env={"EMAILHUB_SECRET_KEY": settings.SECRET_KEY})
     url = "https://shop.example.com/spring"
     token = click_token(77, 1, url)
@@ -184,7 +202,8 @@ def hit(port: int, path: str, forwarded_for: list[str], *, source: str = "127.0.
         conn.close()
 
 
-def test_behind_a_trusted_proxy_the_fast_path_records_the_forwarded_client(stack, web_port: int) -> None:  # noqa: ANN001
+@pytest.mark.usefixtures("fast_paths")
+def test_behind_a_trusted_proxy_a_hit_records_the_forwarded_client(stack, web_port: int) -> None:  # noqa: ANN001
     # The proxy is 127.0.0.1 (trusted); 127.0.0.2 is a client reaching gunicorn directly.
     stack.start_web(
         web_port,
