@@ -6,7 +6,7 @@ import os
 
 from celery import Celery
 from celery.signals import beat_init, task_prerun, worker_process_shutdown
-from kombu import Exchange, Queue, pools
+from kombu import Exchange, Queue
 
 from core.liveness import Heartbeat
 from core.metrics_dir import mark_dead
@@ -35,17 +35,6 @@ app.conf.task_queues = [
 app.autodiscover_tasks()
 # The worker's liveness file, touched while its consumer is connected (core/liveness.py).
 app.steps["consumer"].add(Heartbeat)
-
-
-def reset_broker_connections() -> None:
-    """Drop the cached broker connection and producer pools, so the next publish connects to
-    `broker_write_url` as it is set now. The test hook for pointing this process at another
-    broker and back (tests/broker.py): Celery has no public call for it (`app.close()` also
-    deregisters the app and keeps the producer pool), so this does what Celery does after a fork
-    (`Celery._after_fork`), in this one place."""
-    pools.reset()  # kombu's global registry of pools, keyed by connection
-    app._pool = None  # type: ignore[attr-defined]
-    app.amqp._producer_pool = None  # type: ignore[attr-defined]
 
 
 @task_prerun.connect

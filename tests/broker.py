@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 import redis as redis_lib
+from kombu import pools
 
-from emailhub.celery import app, reset_broker_connections
+from emailhub.celery import app
 
 
 def queued_tasks(client: redis_lib.Redis, queue: str, *, probes: bool = False) -> list[tuple[str, list[Any]]]:
@@ -27,6 +28,16 @@ def queued_tasks(client: redis_lib.Redis, queue: str, *, probes: bool = False) -
         if probes or envelope["headers"]["task"] != "delivery.queue_probe":
             tasks.append((envelope["headers"]["task"], body[0]))
     return tasks
+
+
+def reset_broker_connections() -> None:
+    """Drop the cached broker connection and producer pools, so the next publish connects to
+    `broker_write_url` as it is set now. Celery has no public call for it (`app.close()` also
+    deregisters the app and keeps the producer pool), so this does what Celery does after a fork
+    (`Celery._after_fork`); tests only."""
+    pools.reset()  # kombu's global registry of pools, keyed by connection
+    app._pool = None
+    app.amqp._producer_pool = None
 
 
 @contextmanager

@@ -14,8 +14,6 @@ from tests.test_import_rules import LAYERS, module_name, source_files
 
 # "module: expression" -> why it is still outside fastpaths/.
 LEFT = {
-    "emailhub.celery: app._pool": "the test hook that points a process at another broker (no public call)",
-    "emailhub.celery: app.amqp._producer_pool": "the same test hook",
     "delivery.breakers: breaker._state_storage": "pybreaker's shared state read for the replayed call",
     "delivery.breakers: breaker._lock": "pybreaker's lock around the replayed call",
     "delivery.permissions: generator._get_paths_and_endpoints": "drf-spectacular's hook has no public list",
