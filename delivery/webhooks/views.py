@@ -105,7 +105,7 @@ class WebhookView(APIView):
         # Refused before the body is read into memory (Django's own limit is the API's, larger).
         if declared > limit:
             raise WebhookTooLarge(limit)
-        body = request._request.body
+        body = request.body  # Django's HttpRequest.body, through DRF's Request (no parser has read it)
         if len(body) > limit:
             raise WebhookTooLarge(limit)
         try:
