@@ -58,8 +58,7 @@ from django.views.decorators.http import require_POST
 
 from campaigns import import_jobs, lifecycle
 from campaigns.api.campaigns import ScheduleSerializer, schedule_validated
-from campaigns.exceptions import CampaignStateError
-from campaigns.importing import ImportFileError
+from campaigns.exceptions import CampaignStateError, ImportFileError
 from campaigns.models import Campaign, Contact, ContactList, ImportIssue, ImportJob, Priority, Template
 from campaigns.selectors import waiting_until, waits_for_due_instant
 from campaigns.services import compile_template, contact_context

@@ -2,6 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from rest_framework import status
+from rest_framework.exceptions import APIException
+
+if TYPE_CHECKING:
+    from campaigns.importing import ImportReport
+    from campaigns.models import ContactList
+
 
 class CampaignStateError(Exception):
     """The campaign is not in a state that allows this change (the message says which state it is in)."""
@@ -18,3 +27,38 @@ class InvalidSchedule(CampaignStateError):
         super().__init__("; ".join(f"{field}: {message}" for field, message in errors.items()))
         self.errors = errors
         self.codes = codes or {}
+
+
+class ListInUse(Exception):
+    """A list that campaigns or recurring schedules point at cannot be deleted (FK PROTECT)."""
+
+    def __init__(self, contact_list: ContactList, users: list[str]) -> None:
+        super().__init__(
+            f"list {contact_list.name!r} is used by {', '.join(users)}: "
+            "delete those or point them at another list first"
+        )
+        self.users = users
+
+
+class ImportFileError(Exception):
+    """The file as a whole cannot be imported (empty, no header, no email column, …).
+
+    Raised before anything is written: only the header can fail a file.
+    """
+
+    def __init__(self, message: str, report: ImportReport | None = None) -> None:
+        super().__init__(message)
+        self.report = report
+
+
+class ImportTooLarge(APIException):
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    default_code = "request_too_large"
+
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__(f"the CSV file is larger than {max_bytes} bytes (EMAILHUB_IMPORT_MAX_BYTES)")
+        self.limit = {"name": "EMAILHUB_IMPORT_MAX_BYTES", "value": max_bytes}
+
+
+class Conflict(APIException):
+    status_code = status.HTTP_409_CONFLICT

@@ -33,7 +33,8 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from campaigns import importing
-from campaigns.importing import ImportFileError, ImportReport, Position
+from campaigns.exceptions import ImportFileError
+from campaigns.importing import ImportReport, Position
 from campaigns.models import ContactList, ImportChunk, ImportIssue, ImportJob
 from campaigns.selectors import AUDIENCE_TABLES
 from core import statistics

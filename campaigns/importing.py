@@ -56,6 +56,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import validate_email
 from django.db import connection, transaction
 
+from campaigns.exceptions import ImportFileError
 from campaigns.models import ContactList
 from core.limits import ATTRIBUTES_BYTES, ATTRIBUTES_KEYS, json_size
 from core.timezones import validate_timezone
@@ -82,17 +83,6 @@ FIELD_COLUMNS = ("email", "name", "timezone")
 _BOM = b"\xef\xbb\xbf"
 _EOL = re.compile(rb"\r\n|\r|\n")
 _UNSTORABLE = re.compile("[\x00\udc80-\udcff]")  # NUL, and the bytes surrogateescape kept
-
-
-class ImportFileError(Exception):
-    """The file as a whole cannot be imported (empty, no header, no email column, …).
-
-    Raised before anything is written: only the header can fail a file.
-    """
-
-    def __init__(self, message: str, report: ImportReport | None = None) -> None:
-        super().__init__(message)
-        self.report = report
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.db.models import ProtectedError
 
+from campaigns.exceptions import ListInUse
 from campaigns.models import Contact, ContactList, ListMembership, Template
 from core.templating import EmailTemplate
 
@@ -24,17 +25,6 @@ def contact_context(contact: Contact | None, extra: dict[str, Any] | None = None
     if extra:
         context.update(extra)
     return context
-
-
-class ListInUse(Exception):
-    """A list that campaigns or recurring schedules point at cannot be deleted (FK PROTECT)."""
-
-    def __init__(self, contact_list: ContactList, users: list[str]) -> None:
-        super().__init__(
-            f"list {contact_list.name!r} is used by {', '.join(users)}: "
-            "delete those or point them at another list first"
-        )
-        self.users = users
 
 
 def delete_contact_list(contact_list: ContactList) -> None:

@@ -39,7 +39,7 @@ import redis as redis_lib
 from django.conf import settings
 
 from core import redis_clients
-from delivery.exceptions import ProviderThrottled, ProviderUnavailable
+from delivery.exceptions import CircuitOpen, ProviderThrottled, ProviderUnavailable
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -54,18 +54,6 @@ PROBE_TOKEN_SECONDS = 30
 _RELEASE_TOKEN = (
     "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 )
-
-
-class CircuitOpen(Exception):
-    """The provider's breaker is open (or another process is probing it): skip it.
-
-    `retry_after`: seconds until this provider could be tried again (the probe is due, or the
-    other process's probe has had time to finish).
-    """
-
-    def __init__(self, message: str, retry_after: float) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
 
 
 # While another process probes, the probe normally finishes within a second (one send); after

@@ -32,15 +32,13 @@ from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any
 
+from delivery.exceptions import NotAMailbox
+
 # RFC 3463 §3.1: the class digit of an enhanced status code. 5 is a permanent failure (the
 # address is dead or refuses us), 4 a persistent transient one (mailbox full, greylisted, timed
 # out): only 5 may suppress.
 _STATUS = re.compile(r"^\s*([245])\.(\d{1,3})\.(\d{1,3})\b")
 _MESSAGE_ID = re.compile(r"<([^<>\s]+)>")
-
-
-class NotAMailbox(ValueError):
-    """The path is neither an mbox file nor a Maildir directory."""
 
 
 @dataclass(frozen=True)

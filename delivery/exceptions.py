@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from rest_framework import exceptions, status
+
 
 class DeliveryError(Exception):
     """Base of every delivery error."""
@@ -90,3 +92,81 @@ class InvalidTestSend(DeliveryError):
     def __init__(self, errors: dict[str, str]) -> None:
         super().__init__("; ".join(f"{field}: {message}" for field, message in errors.items()))
         self.errors = errors
+
+
+class NotAMailbox(ValueError):
+    """The path is neither an mbox file nor a Maildir directory."""
+
+
+class InvalidEvent(ValueError):
+    """An event a source built wrongly (unknown kind, naive time, id too long) or one `unusable`
+    refuses: a bug in the source, never stored. Webhooks leave unusable events out beforehand."""
+
+
+class CircuitOpen(Exception):
+    """The provider's breaker is open (or another process is probing it): skip it.
+
+    `retry_after`: seconds until this provider could be tried again (the probe is due, or the
+    other process's probe has had time to finish).
+    """
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+BATCH_LIMIT_SETTING = "EMAILHUB_API_BATCH_MAX_MESSAGES"
+
+
+class BatchTooLarge(exceptions.APIException):
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    default_code = "request_too_large"
+
+    def __init__(self, count: int, limit: int) -> None:
+        super().__init__(
+            f"a batch holds at most {limit} messages ({BATCH_LIMIT_SETTING}); this one has {count}"
+        )
+        self.limit = {"name": BATCH_LIMIT_SETTING, "value": limit}
+
+
+class BatchConflictError(exceptions.APIException):
+    status_code = status.HTTP_422_UNPROCESSABLE_ENTITY
+    default_code = "idempotency_conflict"
+
+
+class ForgedWebhook(exceptions.APIException):
+    """The request is not provably from the provider: bad or missing signature, untrusted
+    certificate, unknown topic, stale timestamp. 400, nothing written."""
+
+    status_code = status.HTTP_400_BAD_REQUEST
+    default_code = "invalid_signature"
+
+
+class InvalidWebhook(exceptions.APIException):
+    """An authentic request whose body we cannot read as the provider's events. 400."""
+
+    status_code = status.HTTP_400_BAD_REQUEST
+    default_code = "invalid"
+
+
+class WebhookUnavailable(exceptions.APIException):
+    """We could not finish checking an authentic-looking request for a reason of ours or the
+    network's (a signing certificate we could not fetch). 503, so the provider retries."""
+
+    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+    default_code = "webhook_unavailable"
+
+
+class WebhookTooLarge(exceptions.APIException):
+    """A body beyond `EMAILHUB_WEBHOOK_MAX_BODY_BYTES`: 413, naming the setting."""
+
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    default_code = "request_too_large"
+
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__(f"the webhook body is larger than {max_bytes} bytes")
+        self.limit = {"name": "EMAILHUB_WEBHOOK_MAX_BODY_BYTES", "value": max_bytes}
+
+
+class InvalidToken(ValueError):
+    """Not a token we issued (malformed, forged, tampered with, or under a secret no longer kept)."""

@@ -26,6 +26,7 @@ from django.utils import timezone
 from campaigns import lifecycle
 from campaigns.models import Campaign
 from core.localtime import localize, zone
+from scheduling.exceptions import InvalidCron
 from scheduling.models import RecurringSchedule, ScheduleOccurrence
 
 logger = logging.getLogger(__name__)
@@ -34,10 +35,6 @@ logger = logging.getLogger(__name__)
 _MAX_CANDIDATES = 5000
 # The fields that say when a schedule fires: changing one of them computes next_run again.
 RULE_FIELDS = frozenset({"cron", "timezone", "active"})
-
-
-class InvalidCron(ValueError):
-    """The expression is not a valid 5-field cron expression."""
 
 
 def validate_cron(expression: str) -> str:

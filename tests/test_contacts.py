@@ -16,7 +16,8 @@ from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
 from campaigns import importing
-from campaigns.importing import ImportFileError, ImportReport, import_contacts
+from campaigns.exceptions import ImportFileError
+from campaigns.importing import ImportReport, import_contacts
 from campaigns.models import Campaign, Contact, ContactList, ListMembership, Suppression, Template
 
 pytestmark = pytest.mark.django_db

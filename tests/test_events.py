@@ -18,8 +18,9 @@ from rest_framework.test import APIClient
 from campaigns import fanout
 from campaigns.models import Campaign, Contact, Suppression
 from delivery.authentication import create_api_key
+from delivery.exceptions import InvalidEvent
 from delivery.models import ApiKey, EmailEvent, Message, MessageStatus
-from delivery.services.events import InvalidEvent, ProviderEvent, record_events
+from delivery.services.events import ProviderEvent, record_events
 from delivery.services.sending import send_messages
 from delivery.testing.smtp_server import SMTPTestServer
 from tests.broker import queued_tasks

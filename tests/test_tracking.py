@@ -14,6 +14,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from campaigns.models import Campaign, Contact, Template
+from delivery.exceptions import InvalidToken
 from delivery.models import EmailEvent, Message, MessageStatus
 from delivery.services.events import ProviderEvent, record_events
 from delivery.services.sending import send_messages
@@ -22,7 +23,7 @@ from delivery.testing.smtp_server import SMTPTestServer
 from delivery.tracking import hits
 from delivery.tracking.classify import BOT, HUMAN, MACHINE, PROXY, SCANNER, Hit, classify
 from delivery.tracking.links import CONTEXT_CLICKS, CONTEXT_OPENS, TrackedHtml
-from delivery.tracking.tokens import InvalidToken, click_token, open_token, read_click_token, read_open_token
+from delivery.tracking.tokens import click_token, open_token, read_click_token, read_open_token
 from tests.campaign_data import make_audience, make_campaign
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -18,7 +18,6 @@ from django.urls import path, reverse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import generics, serializers, status
-from rest_framework.exceptions import APIException
 from rest_framework.parsers import FileUploadParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -26,10 +25,10 @@ from rest_framework.views import APIView
 
 from campaigns.api.imports import ImportJobSerializer
 from campaigns.erasure import erase_contacts
+from campaigns.exceptions import Conflict, ImportFileError, ImportTooLarge, ListInUse
 from campaigns.import_jobs import create_import_job
-from campaigns.importing import ImportFileError
 from campaigns.models import Contact, ContactList, ImportJob, Suppression
-from campaigns.services import ListInUse, add_list_members, delete_contact_list, remove_list_members
+from campaigns.services import add_list_members, delete_contact_list, remove_list_members
 from core import api_input, limits
 from core.api_schema import EmailAddressField, error_response
 from core.validators import ONE_LINE
@@ -152,19 +151,6 @@ class ImportUploadSerializer(api_input.Serializer):
         allow_blank=True,
         help_text="list name; created if missing (also a query parameter)",
     )
-
-
-class ImportTooLarge(APIException):
-    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
-    default_code = "request_too_large"
-
-    def __init__(self, max_bytes: int) -> None:
-        super().__init__(f"the CSV file is larger than {max_bytes} bytes (EMAILHUB_IMPORT_MAX_BYTES)")
-        self.limit = {"name": "EMAILHUB_IMPORT_MAX_BYTES", "value": max_bytes}
-
-
-class Conflict(APIException):
-    status_code = status.HTTP_409_CONFLICT
 
 
 def _filtered(request: Request, filter_class: type[serializers.Serializer]) -> dict[str, Any]:

@@ -22,11 +22,11 @@ from core import api_input
 from core.limits import limit_hit
 from delivery.api.serializers import MessageCreateSerializer, new_message
 from delivery.api.serializing import validated
-from delivery.exceptions import BatchConflict
+from delivery.exceptions import BATCH_LIMIT_SETTING, BatchConflict, BatchConflictError, BatchTooLarge
 from delivery.models import ApiKey, ApiKeyScope
 from delivery.services.messages import BatchItem, accept_batch, request_fingerprint
 
-LIMIT_SETTING = "EMAILHUB_API_BATCH_MAX_MESSAGES"
+LIMIT_SETTING = BATCH_LIMIT_SETTING
 ENVELOPE = {"messages", "partial"}
 DESCRIPTION = """Up to 1,000 messages (EMAILHUB_API_BATCH_MAX_MESSAGES) in one request and one transaction.
 
@@ -102,20 +102,6 @@ class BatchResponseSerializer(api_input.Serializer):
     accepted = serializers.IntegerField()
     rejected = serializers.IntegerField()
     results = BatchResultSerializer(many=True, help_text="one per item, in the request's order")
-
-
-class BatchTooLarge(exceptions.APIException):
-    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
-    default_code = "request_too_large"
-
-    def __init__(self, count: int, limit: int) -> None:
-        super().__init__(f"a batch holds at most {limit} messages ({LIMIT_SETTING}); this one has {count}")
-        self.limit = {"name": LIMIT_SETTING, "value": limit}
-
-
-class BatchConflictError(exceptions.APIException):
-    status_code = status.HTTP_422_UNPROCESSABLE_ENTITY
-    default_code = "idempotency_conflict"
 
 
 def _indexes(indexes: list[int]) -> str:

@@ -46,6 +46,7 @@ from campaigns.progress import move_feedback_counters
 from campaigns.suppressions import stronger, suppress
 from core import metrics
 from core.validators import json_storage_problem, unstorable_reason
+from delivery.exceptions import InvalidEvent
 from delivery.models import EmailEvent
 from delivery.services.transitions import record_first_engagement
 from delivery.tracking.classify import Hit, bursts, classify
@@ -110,11 +111,6 @@ class RecordedEvents:
     duplicates: int
     suppressed: int  # distinct addresses this batch asked to suppress (new events only)
     unmatched: int  # new events that matched no message (kept, with the recipient)
-
-
-class InvalidEvent(ValueError):
-    """An event a source built wrongly (unknown kind, naive time, id too long) or one `unusable`
-    refuses: a bug in the source, never stored. Webhooks leave unusable events out beforehand."""
 
 
 def storable_event_id(value: str) -> str:

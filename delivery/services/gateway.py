@@ -15,8 +15,8 @@ import redis as redis_lib
 from django.conf import settings
 
 from core import metrics
-from delivery.breakers import CircuitOpen, circuit_key, guarded_call, register_circuit, seconds_until_probe
-from delivery.exceptions import ProviderThrottled
+from delivery.breakers import circuit_key, guarded_call, register_circuit, seconds_until_probe
+from delivery.exceptions import CircuitOpen, ProviderThrottled
 from delivery.providers import UNGUARDED, Guard, OutgoingEmail, SendResult, get_provider
 from delivery.ratelimit import bucket_for, pause_provider, pause_remaining
 

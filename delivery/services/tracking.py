@@ -18,7 +18,8 @@ from django.conf import settings
 from django.db import DatabaseError
 
 from core import redis_clients
-from delivery.services.events import InvalidEvent, ProviderEvent, record_events
+from delivery.exceptions import InvalidEvent
+from delivery.services.events import ProviderEvent, record_events
 from delivery.tracking import hits
 
 logger = logging.getLogger(__name__)

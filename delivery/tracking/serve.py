@@ -10,8 +10,9 @@ from __future__ import annotations
 import time
 
 from core import metrics
+from delivery.exceptions import InvalidToken
 from delivery.tracking import hits
-from delivery.tracking.tokens import InvalidToken, read_click_token, read_open_token
+from delivery.tracking.tokens import read_click_token, read_open_token
 from fastpaths.tracking import Hits
 
 # The smallest transparent GIF: 1×1, one transparent colour (43 bytes).

@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 from django.conf import settings
 
 from core import signing
+from delivery.exceptions import InvalidToken
 
 _NAMESPACE = "emailhub.tracking"  # core/signing.py derives this kind's keys from it
 _OPEN = struct.Struct(">Q")  # message id
@@ -37,10 +38,6 @@ _TAG_BYTES = signing.TAG_BYTES
 MAX_URL_BYTES = 1800
 MAX_LINKS = 2**16 - 1
 _MAX_TOKEN_CHARS = 4 * (_TAG_BYTES + _CLICK.size + MAX_URL_BYTES) // 3 + 4
-
-
-class InvalidToken(ValueError):
-    """Not a token we issued (malformed, forged, tampered with, or under a secret no longer kept)."""
 
 
 @dataclass(frozen=True)

@@ -9,16 +9,9 @@ Adding a provider's webhook is one module with a `Webhook` subclass (its `name`,
 
 from __future__ import annotations
 
+from delivery.exceptions import ForgedWebhook, InvalidWebhook, WebhookTooLarge, WebhookUnavailable
 from delivery.plugins import named_classes
-from delivery.webhooks.base import (
-    EventBatch,
-    ForgedWebhook,
-    InvalidWebhook,
-    Webhook,
-    WebhookRequest,
-    WebhookTooLarge,
-    WebhookUnavailable,
-)
+from delivery.webhooks.base import EventBatch, Webhook, WebhookRequest
 
 __all__ = [
     "EventBatch",

@@ -29,13 +29,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from rest_framework import exceptions, status
-
 from core import metrics
+from delivery.exceptions import InvalidEvent, InvalidWebhook
 from delivery.services.events import (
     RECIPIENT_TOO_LONG,
     UNSTORABLE,
-    InvalidEvent,
     ProviderEvent,
     RecordedEvents,
     record_events,
@@ -43,40 +41,6 @@ from delivery.services.events import (
 )
 
 logger = logging.getLogger(__name__)
-
-
-class ForgedWebhook(exceptions.APIException):
-    """The request is not provably from the provider: bad or missing signature, untrusted
-    certificate, unknown topic, stale timestamp. 400, nothing written."""
-
-    status_code = status.HTTP_400_BAD_REQUEST
-    default_code = "invalid_signature"
-
-
-class InvalidWebhook(exceptions.APIException):
-    """An authentic request whose body we cannot read as the provider's events. 400."""
-
-    status_code = status.HTTP_400_BAD_REQUEST
-    default_code = "invalid"
-
-
-class WebhookUnavailable(exceptions.APIException):
-    """We could not finish checking an authentic-looking request for a reason of ours or the
-    network's (a signing certificate we could not fetch). 503, so the provider retries."""
-
-    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
-    default_code = "webhook_unavailable"
-
-
-class WebhookTooLarge(exceptions.APIException):
-    """A body beyond `EMAILHUB_WEBHOOK_MAX_BODY_BYTES`: 413, naming the setting."""
-
-    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
-    default_code = "request_too_large"
-
-    def __init__(self, max_bytes: int) -> None:
-        super().__init__(f"the webhook body is larger than {max_bytes} bytes")
-        self.limit = {"name": "EMAILHUB_WEBHOOK_MAX_BODY_BYTES", "value": max_bytes}
 
 
 def decode_json(text: str | bytes, what: str = "the body") -> Any:

@@ -35,6 +35,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 from core.validators import json_storage_problem
+from delivery.exceptions import ForgedWebhook, InvalidWebhook, WebhookUnavailable
 from delivery.models import EmailEvent
 from delivery.services.events import (
     MAX_JSON_DEPTH,
@@ -49,11 +50,8 @@ from delivery.webhooks.base import (
     MISSING_FIELD,
     NOT_AN_OBJECT,
     EventBatch,
-    ForgedWebhook,
-    InvalidWebhook,
     Webhook,
     WebhookRequest,
-    WebhookUnavailable,
     answer,
 )
 

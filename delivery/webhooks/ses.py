@@ -58,17 +58,15 @@ from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from django.conf import settings
 
 from core import redis_clients
+from delivery.exceptions import ForgedWebhook, InvalidWebhook, WebhookUnavailable
 from delivery.models import EmailEvent
 from delivery.services.events import ProviderEvent, RecordedEvents, storable_event_id
 from delivery.webhooks.base import (
     BAD_RECIPIENT,
     MISSING_FIELD,
     EventBatch,
-    ForgedWebhook,
-    InvalidWebhook,
     Webhook,
     WebhookRequest,
-    WebhookUnavailable,
     answer,
     decode_json,
 )

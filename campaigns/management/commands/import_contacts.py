@@ -24,7 +24,8 @@ from rich.progress import (
 )
 
 from campaigns import import_jobs
-from campaigns.importing import ImportFileError, ImportReport, Position
+from campaigns.exceptions import ImportFileError
+from campaigns.importing import ImportReport, Position
 from campaigns.models import ImportIssue, ImportJob
 
 

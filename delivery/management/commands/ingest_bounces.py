@@ -5,7 +5,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from delivery.dsn import NotAMailbox
+from delivery.exceptions import NotAMailbox
 from delivery.services.bounces import ingest_mailbox
 
 
