@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 from rest_framework import status
 from rest_framework.exceptions import APIException
 
+from core.api_json import RequestTooLarge
+
 if TYPE_CHECKING:
     from campaigns.importing import ImportReport
     from campaigns.models import ContactList
@@ -51,13 +53,10 @@ class ImportFileError(Exception):
         self.report = report
 
 
-class ImportTooLarge(APIException):
-    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
-    default_code = "request_too_large"
-
+class ImportTooLarge(RequestTooLarge):
     def __init__(self, max_bytes: int) -> None:
-        super().__init__(f"the CSV file is larger than {max_bytes} bytes (EMAILHUB_IMPORT_MAX_BYTES)")
-        self.limit = {"name": "EMAILHUB_IMPORT_MAX_BYTES", "value": max_bytes}
+        name = "EMAILHUB_IMPORT_MAX_BYTES"
+        super().__init__(max_bytes, name, message=f"the CSV file is larger than {max_bytes} bytes ({name})")
 
 
 class Conflict(APIException):

@@ -31,11 +31,16 @@ _DEPTH_STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
 
 
 class RequestTooLarge(exceptions.APIException):
+    """A 413 beyond a configured limit; `limit` names the setting and its value. The apps' own
+    413s (a CSV import, a batch, a webhook body) are this with their setting and wording."""
+
     status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
     default_code = "request_too_large"
 
-    def __init__(self, max_bytes: int, name: str = "EMAILHUB_API_MAX_BODY_BYTES") -> None:
-        super().__init__(f"the request body is larger than {max_bytes} bytes")
+    def __init__(
+        self, max_bytes: int, name: str = "EMAILHUB_API_MAX_BODY_BYTES", *, message: str | None = None
+    ) -> None:
+        super().__init__(message or f"the request body is larger than {max_bytes} bytes")
         self.limit = {"name": name, "value": max_bytes}
 
 

@@ -6,6 +6,8 @@ from typing import Any
 
 from rest_framework import exceptions, status
 
+from core.api_json import RequestTooLarge
+
 
 class DeliveryError(Exception):
     """Base of every delivery error."""
@@ -118,15 +120,10 @@ class CircuitOpen(Exception):
 BATCH_LIMIT_SETTING = "EMAILHUB_API_BATCH_MAX_MESSAGES"
 
 
-class BatchTooLarge(exceptions.APIException):
-    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
-    default_code = "request_too_large"
-
+class BatchTooLarge(RequestTooLarge):
     def __init__(self, count: int, limit: int) -> None:
-        super().__init__(
-            f"a batch holds at most {limit} messages ({BATCH_LIMIT_SETTING}); this one has {count}"
-        )
-        self.limit = {"name": BATCH_LIMIT_SETTING, "value": limit}
+        message = f"a batch holds at most {limit} messages ({BATCH_LIMIT_SETTING}); this one has {count}"
+        super().__init__(limit, BATCH_LIMIT_SETTING, message=message)
 
 
 class BatchConflictError(exceptions.APIException):
@@ -157,15 +154,12 @@ class WebhookUnavailable(exceptions.APIException):
     default_code = "webhook_unavailable"
 
 
-class WebhookTooLarge(exceptions.APIException):
+class WebhookTooLarge(RequestTooLarge):
     """A body beyond `EMAILHUB_WEBHOOK_MAX_BODY_BYTES`: 413, naming the setting."""
 
-    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
-    default_code = "request_too_large"
-
     def __init__(self, max_bytes: int) -> None:
-        super().__init__(f"the webhook body is larger than {max_bytes} bytes")
-        self.limit = {"name": "EMAILHUB_WEBHOOK_MAX_BODY_BYTES", "value": max_bytes}
+        message = f"the webhook body is larger than {max_bytes} bytes"
+        super().__init__(max_bytes, "EMAILHUB_WEBHOOK_MAX_BODY_BYTES", message=message)
 
 
 class InvalidToken(ValueError):
