@@ -35,9 +35,9 @@ sys.path.insert(0, str(ROOT))
 METRICS_DIR = tempfile.mkdtemp(prefix="emailhub-bench-metrics-")
 os.environ["PROMETHEUS_MULTIPROC_DIR"] = METRICS_DIR
 
-from bench.common import prepare  # noqa: E402
+from bench.lib.common import bench_database, prepare  # noqa: E402
 
-DATABASE = "emailhub_bench_metrics"
+DATABASE = bench_database("emailhub_bench_metrics")
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/11")
 
 OLD_SQL = """
