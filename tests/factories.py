@@ -16,17 +16,14 @@ from rest_framework.test import APIClient
 
 from campaigns.models import Campaign, Contact, ContactList, Template
 from delivery.authentication import create_api_key
-from delivery.models import ApiKey, Message, MessageStatus
-
-EVERY_SCOPE = ("send", "read", "manage")
-
+from delivery.models import ApiKey, ApiKeyScope, Message, MessageStatus
 
 # --- API keys --------------------------------------------------------------------------------------
 
 
 def api_key(*scopes: str, name: str | None = None) -> tuple[ApiKey, str]:
     """A new key (every scope unless `scopes` are given) and its secret, named uniquely."""
-    return create_api_key(name or f"test-{time.monotonic_ns()}", list(scopes or EVERY_SCOPE))
+    return create_api_key(name or f"test-{time.monotonic_ns()}", list(scopes or ApiKeyScope.values))
 
 
 def api_client(*scopes: str, name: str | None = None) -> tuple[APIClient, ApiKey]:
