@@ -80,6 +80,10 @@ def warmed(api: APIClient) -> APIClient:
 
 @pytest.mark.usefixtures("fast_paths")
 def test_accepting_one_message_is_one_statement_and_the_outbox_delete(api: APIClient) -> None:
+    """POST /api/v1/messages with the key cached: 2 statements, both fast-path settings. The
+    `WITH inserted AS (INSERT INTO delivery_message …), event AS (INSERT INTO
+    delivery_outboxevent …)` statement in autocommit, then, after the publish, the DELETE of the
+    outbox row (ACCEPT_ONE)."""
     api = warmed(api)
 
     def accept() -> None:
@@ -90,6 +94,9 @@ def test_accepting_one_message_is_one_statement_and_the_outbox_delete(api: APICl
 
 @pytest.mark.usefixtures("fast_paths")
 def test_accepting_a_batch_takes_the_same_five_statements_for_10_or_200_messages(api: APIClient) -> None:
+    """POST /api/v1/messages/batch: 5 statements for 10 or 200 `normal` messages (1 or 2 send
+    tasks). BEGIN, one INSERT … SELECT FROM unnest for every row, one INSERT of the outbox rows,
+    COMMIT, one DELETE of the published rows (ACCEPT_BATCH)."""
     api = warmed(api)
 
     def accept(size: int) -> list[str]:
@@ -108,6 +115,8 @@ def test_accepting_a_batch_takes_the_same_five_statements_for_10_or_200_messages
 
 
 def test_a_claim_is_one_update_for_1_or_50_messages() -> None:
+    """transitions.claim: 1 statement, the conditional UPDATE … RETURNING, for 1 or 50 ids."""
+
     def claimed(size: int) -> list[str]:
         ids = [message.pk for message in factories.messages(size, prefix=f"c{size}-")]
 
@@ -156,6 +165,9 @@ def sent(ids: list[int]) -> Callable[[], None]:
 
 @pytest.mark.usefixtures("locmem_providers")
 def test_recording_a_batch_takes_the_same_statements_for_1_or_40_messages() -> None:
+    """send_messages over the locmem provider, transactional messages: 4 statements for 1 or 40.
+    The claim, then BEGIN, one UPDATE of the sent rows (FROM unnest), COMMIT (SEND_TRANSACTIONAL)."""
+
     def sending(size: int) -> list[str]:
         return statements(sent([message.pk for message in factories.messages(size, prefix=f"s{size}-")]))
 
@@ -165,6 +177,10 @@ def test_recording_a_batch_takes_the_same_statements_for_1_or_40_messages() -> N
 
 @pytest.mark.usefixtures("locmem_providers")
 def test_a_campaign_batch_takes_the_same_statements_for_1_or_40_messages() -> None:
+    """send_messages of a campaign's messages (fanned out first, not counted): 8 statements for 1
+    or 40. The claim; the template, the contacts and the campaign row read once per batch;
+    BEGIN, the sent rows' UPDATE, the campaign counters' UPDATE, COMMIT (SEND_CAMPAIGN)."""
+
     def sending(size: int) -> list[str]:
         campaign = factories.sending_campaign(
             factories.make_audience(size, name=f"s{size}", prefix=f"s{size}-"), name=f"c{size}"
@@ -209,6 +225,11 @@ def statistics_current() -> None:
 
 
 def test_a_fan_out_step_takes_the_same_statements_for_50_or_2000_contacts() -> None:
+    """fan_out(max_steps=1) with a step as large as the list: 10 statements for 50 or 2,000
+    contacts. The statistics check (once per fan-out), BEGIN, the advisory lock, the campaign row,
+    SAVEPOINT, the INSERT … SELECT of the step's messages, RELEASE, the outbox INSERT, the cursor
+    and counters' UPDATE, COMMIT (FANOUT_STEP)."""
+
     def step(size: int) -> list[str]:
         campaign = factories.sending_campaign(
             factories.make_audience(size, name=f"f{size}", prefix=f"f{size}-"), name=f"c{size}"
