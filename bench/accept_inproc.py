@@ -34,8 +34,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-BENCH_DB = "emailhub_bench_inproc"
-REFERENCE_DB = "emailhub_bench_reference"
+from bench.lib.common import bench_database  # noqa: E402
+
+BENCH_DB = bench_database("emailhub_bench_inproc")
+REFERENCE_DB = bench_database("emailhub_bench_reference")
 REDIS_URL = os.environ.get("BENCH_INPROC_REDIS_URL", "redis://127.0.0.1:6379/13")
 
 
@@ -110,7 +112,7 @@ def main() -> int:
         child(args.child, args.requests, args.warmup)
         return 0
 
-    from bench.common import prepare
+    from bench.lib.common import prepare
 
     env = prepare(BENCH_DB, REDIS_URL)  # and CELERY_BROKER_URL: the same Redis database
     subprocess.run(

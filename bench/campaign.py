@@ -14,12 +14,12 @@ p99 under 1 s for critical messages sent during the campaign.
 Everything is the real pipeline on real processes, started with scripts/stack.py's PROCESSES
 commands: gunicorn (2 workers), `worker-transactional`, the standard `worker-bulk` (queues
 normal,low,campaigns, concurrency 2) and beat (the outbox relay and the stalled fan-out sweep,
-as in production), all with SMTP_PORT pointing at Postfix's `smtp-sink` (bench/smtp_sink.py; an
+as in production), all with SMTP_PORT pointing at Postfix's `smtp-sink` (bench/lib/smtp_sink.py; an
 aiosmtpd sink would cap near 2,300 msgs/s, below the target). The bench has a database
 (`emailhub_bench_campaign`, created and migrated if missing) and Redis database (9) of its own,
-and refuses to start while any other session or client uses them (bench/fanout.py's
+and refuses to start while any other session or client uses them (bench/lib/common.py's
 claim_bench): each run empties the message tables and flushes Redis. The audience (contacts with
-a `first_name` attribute, list memberships) is generated in SQL once and reused (bench/fanout.py's
+a `first_name` attribute, list memberships) is generated in SQL once and reused (bench/lib/audience.py's
 ensure_audience); the template has per-recipient variables in subject, HTML and text.
 
 Default mode, per run (on emptied message tables, a flushed Redis and freshly started processes):
@@ -99,13 +99,16 @@ import requests  # noqa: E402
 from django.db import connection  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from bench import fanout, post_office_ref  # noqa: E402
-from bench.fanout import bench_template, ensure_audience  # noqa: E402
-from bench.smtp_sink import PostfixSink, SinkUnavailable, free_port  # noqa: E402
-from bench.transactional import message_body, percentile, post_messages, wait_until_sent  # noqa: E402
+from bench.lib import audience as bench_audience  # noqa: E402
+from bench.lib import post_office  # noqa: E402
+from bench.lib.api import message_body, post_messages, wait_until_sent  # noqa: E402
+from bench.lib.audience import bench_template, ensure_audience  # noqa: E402
+from bench.lib.common import bench_database, prepare_alone  # noqa: E402
+from bench.lib.smtp_sink import PostfixSink, SinkUnavailable, free_port  # noqa: E402
+from bench.lib.stats import percentile  # noqa: E402
 from scripts.stack import PROCESSES, Stack, with_option  # noqa: E402
 
-BENCH_DB = "emailhub_bench_campaign"
+BENCH_DB = bench_database("emailhub_bench_campaign")
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/9")
 
 LOG_DIR = ROOT / "bench" / ".cache" / "logs" / "campaign"
@@ -114,14 +117,14 @@ CLOCK_TICK = os.sysconf("SC_CLK_TCK")
 
 def setup() -> tuple[dict[str, str], str]:
     """Create, migrate and claim the bench's database and Redis database; return env and API key."""
-    env = fanout.setup(BENCH_DB, REDIS_URL)
+    env = prepare_alone(BENCH_DB, REDIS_URL)
     from delivery.authentication import create_api_key
 
     return env, create_api_key(f"bench-{time.time_ns()}")[1]
 
 
 def reset_state() -> None:
-    fanout.reset_state(REDIS_URL)
+    bench_audience.reset_state(REDIS_URL)
     if _VHOST is not None:  # Redis was the broker's store otherwise: flushed above
         _purge_vhost(_VHOST)
 
@@ -657,7 +660,7 @@ def main_campaign(args: argparse.Namespace, env: dict[str, str], api_key: str) -
     )
     runs, references = [], []
     if args.compare:
-        post_office_ref.prepare()
+        post_office.prepare()
     for number in range(1, args.runs + 1):
         r = campaign_run(args, env, api_key, audience, number)
         runs.append(r)
@@ -681,7 +684,7 @@ def main_campaign(args: argparse.Namespace, env: dict[str, str], api_key: str) -
             print(r["profile"], flush=True)
         if args.compare:
             with PostfixSink() as sink:
-                ref = post_office_ref.run(r["sent"], sink)
+                ref = post_office.run(r["sent"], sink)
             references.append(ref)
             print(
                 f"  post_office (load average {ref['load']:.2f} at start): {ref['sent']:,} emails in "

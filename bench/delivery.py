@@ -10,7 +10,7 @@ Everything is the real pipeline except the providers' far ends: `queued` rows in
 standard `worker-bulk` command of scripts/stack.py (concurrency 2) started with env overrides,
 the `scheduler` and gunicorn where a scenario needs them, and the real provider clients (smtplib,
 boto3 sesv2, the sendgrid library) talking to local servers: Postfix `smtp-sink` (C, see
-bench/smtp_sink.py) for SMTP throughput; moto's SES in server mode behind SESTestServer's
+bench/lib/smtp_sink.py) for SMTP throughput; moto's SES in server mode behind SESTestServer's
 fault-injecting proxy; SendGridTestServer (`POST /v3/mail/send`); and, where a scenario needs an
 SMTP server that refuses on command and names whom it received, the aiosmtpd SMTPTestServer.
 The three Python servers run in threads of this process. Both HTTP test servers, as shipped,
@@ -74,16 +74,16 @@ import redis  # noqa: E402
 import requests  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 
-from bench.common import prepare  # noqa: E402
-from bench.smtp_sink import PostfixSink, free_port  # noqa: E402
-from bench.transactional import group_stats  # noqa: E402
+from bench.lib.common import bench_database, prepare  # noqa: E402
+from bench.lib.smtp_sink import PostfixSink, free_port  # noqa: E402
+from bench.lib.stats import group_stats  # noqa: E402
 from delivery.testing import sendgrid_server, ses_server  # noqa: E402
 from delivery.testing.sendgrid_server import SendGridTestServer  # noqa: E402
 from delivery.testing.ses_server import SESTestServer  # noqa: E402
 from delivery.testing.smtp_server import SMTPTestServer  # noqa: E402
 from scripts.stack import Stack  # noqa: E402
 
-BENCH_DB = "emailhub_bench_delivery"
+BENCH_DB = bench_database("emailhub_bench_delivery")
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/12")
 LOG_DIR = ROOT / "bench" / ".cache" / "logs" / "delivery"
 SCENARIOS = ("throughput", "failover", "ses-down", "outage")

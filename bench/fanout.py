@@ -51,15 +51,10 @@ The last lines are the medians across runs, one `name: value unit` each.
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import os
-import resource
 import signal
-import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from statistics import median
 from typing import Any
@@ -67,170 +62,22 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import django  # noqa: E402
 import redis  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
-from bench.common import prepare  # noqa: E402
+from bench.lib.audience import bench_template, ensure_audience, reset_state  # noqa: E402
+from bench.lib.common import bench_database, prepare_alone  # noqa: E402
+from bench.lib.fanout_process import child, run_child  # noqa: E402
 
 # A database and a Redis database of its own. Not bench/transactional.py's (emailhub_bench, 14):
 # each bench empties its tables and flushes its Redis database at every run, and other benches
-# run on this machine at the same time (claim_bench() refuses to share).
-BENCH_DB = "emailhub_bench_fanout"
+# run on this machine at the same time (bench.lib.common.claim_bench refuses to share).
+BENCH_DB = bench_database("emailhub_bench_fanout")
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/11")
-TEMPLATE_NAME = "bench-newsletter"
-
-
-def setup(database: str = BENCH_DB, redis_url: str = REDIS_URL) -> dict[str, str]:
-    """Create and migrate the bench database, point this process at it, claim it; return the env."""
-    env = prepare(database, redis_url)
-    claim_bench(redis_url)
-    return env
-
-
-# Session-level advisory lock key ("BENCH") held while a bench runs in its database.
-_BENCH_LOCK = 0x42454E4348
-
-
-def claim_bench(redis_url: str) -> None:
-    """Refuse to run while anything else uses this bench's database or Redis database.
-
-    Every run truncates tables and flushes Redis: sharing them with another run (of this bench
-    or any other) would corrupt both silently. The advisory lock stays held by this process's
-    connection until it exits, so a second run of the same bench fails here at once.
-    """
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_lock(%s)", [_BENCH_LOCK])
-        if not cursor.fetchone()[0]:
-            raise RuntimeError(f"another run holds database {connection.settings_dict['NAME']}: wait for it")
-        cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
-        )
-        sessions = int(cursor.fetchone()[0])
-    client = redis.Redis.from_url(redis_url)
-    own, db = client.client_id(), client.connection_pool.connection_kwargs.get("db", 0)
-    others = [c for c in client.client_list() if int(c["db"]) == db and int(c["id"]) != own]
-    client.close()
-    if sessions or others:
-        raise RuntimeError(
-            f"{sessions} other PostgreSQL session(s) on {connection.settings_dict['NAME']} and "
-            f"{len(others)} other client(s) on Redis database {db}: something else is using them "
-            "(left-over workers? another bench?); stop it first"
-        )
 
 
 # --- audience ----------------------------------------------------------------------------------
-
-
-def ensure_audience(size: int, suppress_every: int) -> tuple[int, int, int]:
-    """A list of `size` generated contacts, every `suppress_every`-th one suppressed (0: none).
-
-    Returns (list id, recipients expected = active and not suppressed, suppressed members).
-    Generated once in one transaction (all or nothing), reused afterwards.
-    """
-    from campaigns.models import Campaign, ContactList
-
-    name = f"bench-{size}-s{suppress_every}"
-    prefix = f"b{size}s{suppress_every}-"
-    contact_list = ContactList.objects.filter(name=name).first()
-    if contact_list is not None and contact_list.listmembership_set.count() != size:
-        # Someone changed the list: start over rather than measure an unknown audience.
-        print(f"list {name} has the wrong size: generating it again", flush=True)
-        with transaction.atomic(), connection.cursor() as cursor:
-            Campaign.objects.filter(contact_list=contact_list).delete()  # messages cascade
-            contact_list.delete()
-            cursor.execute("DELETE FROM campaigns_contact WHERE email LIKE %s", [prefix + "%"])
-            cursor.execute("DELETE FROM campaigns_suppression WHERE email LIKE %s", [prefix + "%"])
-        contact_list = None
-    if contact_list is None:
-        started = time.perf_counter()
-        print(f"generating {size:,} contacts for list {name} (once; not timed) ...", flush=True)
-        with transaction.atomic(), connection.cursor() as cursor:
-            contact_list = ContactList.objects.create(name=name, description="generated by bench/")
-            cursor.execute("DELETE FROM campaigns_contact WHERE email LIKE %s", [prefix + "%"])
-            cursor.execute(
-                """
-                WITH new AS (
-                    INSERT INTO campaigns_contact (email, name, timezone, attributes, status, updated_at)
-                    SELECT %(prefix)s || n || '@example.com', 'Bench ' || n, 'UTC',
-                           jsonb_build_object('first_name', 'Name' || n, 'plan', 'pro'), 'active', now()
-                      FROM generate_series(1, %(size)s) AS n
-                    RETURNING id
-                )
-                INSERT INTO campaigns_listmembership (contact_list_id, contact_id)
-                SELECT %(list)s, id FROM new
-                """,
-                {"prefix": prefix, "size": size, "list": contact_list.pk},
-            )
-            if suppress_every:
-                cursor.execute(
-                    """
-                    INSERT INTO campaigns_suppression (email, reason, detail, created_at)
-                    SELECT %s || n || '@example.com', 'unsubscribed', 'bench', now()
-                      FROM generate_series(%s, %s, %s) AS n
-                    ON CONFLICT (email) DO NOTHING
-                    """,
-                    [prefix, suppress_every, size, suppress_every],
-                )
-        # Fresh statistics and visibility map, as autovacuum would leave a table of this age:
-        # the fan-out's plan and its index-only scan of the memberships depend on them.
-        with connection.cursor() as cursor:
-            for table in ("campaigns_contact", "campaigns_listmembership", "campaigns_suppression"):
-                cursor.execute(f"VACUUM ANALYZE {table}")
-        print(f"  generated in {time.perf_counter() - started:.1f} s", flush=True)
-    with connection.cursor() as cursor:
-        # The expectation from the data itself, by a query shaped unlike the fan-out's.
-        cursor.execute(
-            """
-            SELECT count(*) FILTER (WHERE c.status = 'active' AND s.id IS NULL),
-                   count(*) FILTER (WHERE s.id IS NOT NULL)
-              FROM campaigns_listmembership AS lm
-              JOIN campaigns_contact AS c ON c.id = lm.contact_id
-              LEFT JOIN campaigns_suppression AS s ON s.email = c.email
-             WHERE lm.contact_list_id = %s
-            """,
-            [contact_list.pk],
-        )
-        expected, suppressed = cursor.fetchone()
-    return contact_list.pk, int(expected), int(suppressed)
-
-
-def bench_template() -> Any:
-    """A template with per-recipient variables, as a newsletter has."""
-    from campaigns.models import Template
-
-    template, _ = Template.objects.get_or_create(
-        name=TEMPLATE_NAME,
-        defaults={
-            "subject": "{{ first_name }}, your monthly update",
-            "html": (
-                "<html><body><h1>Hello {{ first_name }}</h1>"
-                '<p>Here is what happened this month on your {{ plan|default:"free" }} plan.</p>'
-                + "<p>Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod.</p>"
-                * 10
-                + '<p><a href="https://example.com/unsubscribe?e={{ email }}">Unsubscribe</a></p>'
-                "</body></html>"
-            ),
-            "text": (
-                "Hello {{ first_name }},\n\nHere is what happened this month on your "
-                '{{ plan|default:"free" }} plan.\n\n'
-                + "Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod.\n" * 10
-                + "\nUnsubscribe: https://example.com/unsubscribe?e={{ email }}\n"
-            ),
-        },
-    )
-    return template
-
-
-def reset_state(redis_url: str = REDIS_URL) -> None:
-    """Empty messages, outbox, bench campaigns and the broker: every run starts the same."""
-    from campaigns.models import Campaign
-
-    with connection.cursor() as cursor:
-        cursor.execute("TRUNCATE delivery_message, delivery_outboxevent CASCADE")
-    Campaign.objects.filter(name__startswith="bench ").delete()
-    redis.Redis.from_url(redis_url).flushdb()
 
 
 def redis_flushes(redis_url: str = REDIS_URL) -> int:
@@ -254,125 +101,7 @@ def queued_tasks(queue: str, redis_url: str = REDIS_URL) -> int:
 # --- the measured process ----------------------------------------------------------------------
 
 
-def _proc_cpu(pid: int) -> float:
-    """CPU seconds (user + system) a process has used, from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _status_kb(field: str) -> int:
-    status = Path("/proc/self/status").read_text()
-    return int(status.split(f"{field}:", 1)[1].split()[0])
-
-
-def child(campaign_id: int, step: int | None) -> None:
-    """Run fan_out() once in this fresh process and print what was measured as one JSON line."""
-    django.setup()
-    from django.conf import settings
-    from django.db import connections
-
-    from campaigns import fanout
-    from core import outbox
-    from delivery.services import send_events
-
-    timers = {"step_sql": 0.0, "commit": 0.0, "record_outbox": 0.0, "publish": 0.0}
-    tasks = [0]
-
-    def timed(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            started = time.perf_counter()
-            try:
-                return function(*args, **kwargs)
-            finally:
-                timers[name] += time.perf_counter() - started
-
-        return wrapper
-
-    record_sends = send_events.record_sends
-
-    def counting_record_sends(ids: list[int], priority: str, batch_size: int, **kwargs: Any) -> None:
-        tasks[0] += math.ceil(len(ids) / batch_size)
-        record_sends(ids, priority, batch_size, **kwargs)
-
-    # Instrumentation of this process only: fan_out() looks these names up at call time.
-    fanout._step = timed("step_sql", fanout._step)
-    send_events.record_sends = timed("record_outbox", counting_record_sends)
-    # Publishing runs on fan-out's background thread, overlapped with the next step: its time is
-    # reported, but it is not on the step's critical path any more.
-    outbox._publish_after_commit = timed("publish", outbox._publish_after_commit)
-    # The database COMMIT alone (the on_commit publishing runs after it, timed above). Django's
-    # foreign keys are DEFERRABLE INITIALLY DEFERRED: their per-row checks run here.
-    database = connections["default"]
-    database._commit = timed("commit", database._commit)
-
-    with connection.cursor() as cursor:  # connected before timing, as in a running worker
-        cursor.execute(
-            "SELECT pg_backend_pid(), pg_current_wal_lsn()::text, checkpoints_timed + checkpoints_req "
-            "FROM pg_stat_bgwriter"
-        )
-        backend_pid, wal_before, checkpoints_before = cursor.fetchone()
-    rss_before = _status_kb("VmRSS")
-    usage_before = resource.getrusage(resource.RUSAGE_SELF)
-    backend_cpu_before = _proc_cpu(backend_pid)
-
-    started = time.perf_counter()
-    report = fanout.fan_out(campaign_id, step_size=step)
-    wall = time.perf_counter() - started
-
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    backend_cpu = _proc_cpu(backend_pid) - backend_cpu_before
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s::pg_lsn), "
-            "checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter",
-            [wal_before],
-        )
-        wal_bytes, checkpoints_after = cursor.fetchone()
-    print(
-        json.dumps(
-            {
-                "wall_s": wall,
-                "steps": report.steps,
-                "members": report.members,
-                "created": report.created,
-                "finished": report.finished,
-                "tasks": tasks[0],
-                "step_size": step or settings.EMAILHUB_FANOUT_STEP,
-                "peak_rss_kb": _status_kb("VmHWM"),
-                "ru_maxrss_kb": usage.ru_maxrss,
-                "rss_before_kb": rss_before,
-                "cpu_s": (usage.ru_utime + usage.ru_stime) - (usage_before.ru_utime + usage_before.ru_stime),
-                "backend_cpu_s": backend_cpu,
-                "wal_mb": float(wal_bytes) / 1e6,
-                "checkpoints": int(checkpoints_after) - int(checkpoints_before),
-                **{f"{name}_s": seconds for name, seconds in timers.items()},
-            }
-        ),
-        flush=True,
-    )
-
-
 # --- the parent --------------------------------------------------------------------------------
-
-
-def run_child(env: dict[str, str], campaign_id: int, step: int | None, timeout: float) -> dict[str, Any]:
-    argv = [sys.executable, __file__, "--child", str(campaign_id)]
-    if step:
-        argv += ["--step", str(step)]
-    # Its own session, so that whatever happens here (Ctrl-C included) it is killed below.
-    popen = subprocess.Popen(
-        argv, cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL, text=True, start_new_session=True,
-    )  # fmt: skip
-    try:
-        stdout, stderr = popen.communicate(timeout=timeout)
-    finally:
-        if popen.poll() is None:
-            os.killpg(popen.pid, signal.SIGKILL)
-            popen.wait()
-    if popen.returncode != 0:
-        raise RuntimeError(f"the fan-out process failed ({popen.returncode}):\n{stderr[-3000:]}")
-    return dict(json.loads(stdout.strip().splitlines()[-1]))
 
 
 def one_run(
@@ -382,7 +111,7 @@ def one_run(
     from core.models import OutboxEvent
     from delivery.models import Message
 
-    reset_state()
+    reset_state(REDIS_URL)
     with connection.cursor() as cursor:
         # The previous run wrote ~1 GB of WAL; flush it now rather than during this run.
         cursor.execute("CHECKPOINT")
@@ -459,7 +188,7 @@ def audience_rows(campaign_id: int) -> list[tuple[int, str]]:
 def _reference_campaign(number: int, name: str, list_id: int) -> Any:
     from campaigns.models import Campaign
 
-    reset_state()
+    reset_state(REDIS_URL)
     with connection.cursor() as cursor:
         cursor.execute("CHECKPOINT")  # as before each fan-out run
     return Campaign.objects.create(
@@ -538,7 +267,7 @@ def explain_step(list_id: int, step: int | None, full: bool) -> None:
     from campaigns.models import Campaign
     from delivery.services import transitions
 
-    reset_state()
+    reset_state(REDIS_URL)
     step = step or settings.EMAILHUB_FANOUT_STEP
     with transaction.atomic(), connection.cursor() as cursor:
         campaign = Campaign.objects.create(
@@ -592,7 +321,7 @@ def main() -> int:
     # SIGTERM ends the script through the same `finally` blocks as Ctrl-C: nothing is left running.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
-    env = setup()
+    env = prepare_alone(BENCH_DB, REDIS_URL)
     list_id, expected, suppressed = ensure_audience(args.contacts, args.suppress_every)
     print(
         f"database {BENCH_DB}, redis {REDIS_URL}; list of {args.contacts:,} contacts, {suppressed:,} "
@@ -632,7 +361,7 @@ def main() -> int:
                 )
         explain_step(list_id, args.step, args.explain)
     finally:
-        reset_state()  # leaves no million message rows nor 10,000 tasks behind
+        reset_state(REDIS_URL)  # leaves no million message rows nor 10,000 tasks behind
     return summarise(runs, references)
 
 

@@ -35,9 +35,9 @@ sys.path.insert(0, str(ROOT))
 METRICS_DIR = tempfile.mkdtemp(prefix="emailhub-bench-metrics-")
 os.environ["PROMETHEUS_MULTIPROC_DIR"] = METRICS_DIR
 
-from bench.common import prepare  # noqa: E402
+from bench.lib.common import bench_database, prepare  # noqa: E402
 
-DATABASE = "emailhub_bench_metrics"
+DATABASE = bench_database("emailhub_bench_metrics")
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/11")
 
 OLD_SQL = """
@@ -67,6 +67,7 @@ def main() -> int:
     prepare(DATABASE, REDIS_URL)
 
     from django.db import connection, transaction
+    from django.utils import timezone
 
     from core import metrics
     from delivery.models import Message
@@ -83,8 +84,11 @@ def main() -> int:
     ]
     provider_ids = [f"<{i}@bench>" for i in ids]
 
+    # The batch's claim token: record() writes only rows still `sending` under it.
+    claimed_at = timezone.now()
+
     def to_sending() -> None:
-        Message.objects.filter(pk__in=ids).update(status="sending")
+        Message.objects.filter(pk__in=ids).update(status="sending", claimed_at=claimed_at)
 
     python_us, old_ms, new_ms, record_ms = [], [], [], []
     for n in range(args.repeats):
@@ -113,7 +117,7 @@ def main() -> int:
         outcomes = Outcomes()
         outcomes.sent["smtp"] = list(zip(ids, provider_ids, strict=True))
         started = time.perf_counter()
-        record(outcomes)  # its own transaction; the metrics calls run on its commit
+        record(outcomes, claimed_at)  # its own transaction; the metrics calls run on its commit
         record_ms.append((time.perf_counter() - started) * 1e3)
 
     py, old, new, ref = median(python_us), median(old_ms), median(new_ms), median(record_ms)

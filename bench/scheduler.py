@@ -88,11 +88,11 @@ sys.path.insert(0, str(ROOT))
 import redis  # noqa: E402
 from django.db import connection  # noqa: E402
 
-from bench.common import prepare  # noqa: E402
-from bench.transactional import group_stats, percentile  # noqa: E402
+from bench.lib.common import bench_database, prepare  # noqa: E402
+from bench.lib.stats import group_stats, percentile  # noqa: E402
 from scripts.stack import Stack  # noqa: E402
 
-BENCH_DB = "emailhub_bench_scheduler"
+BENCH_DB = bench_database("emailhub_bench_scheduler")
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/10")
 LOG_DIR = ROOT / "bench" / ".cache" / "logs" / "scheduler"
 TEMPLATE_KEY = "bench:scheduler:template"  # the filled due set, copied before each claim pass

@@ -23,7 +23,7 @@ days, and the population peak alone; and the share whose answer moves when the m
 are added.
 
 Part 2, refresh (PostgreSQL). A bench database (`emailhub_bench_sto`, created and migrated by
-bench/common.py) with `--refresh-contacts` contacts over 24 zones and `--refresh-events` human
+bench/lib/common.py) with `--refresh-contacts` contacts over 24 zones and `--refresh-events` human
 and machine opens/clicks generated with generate_series (reused when already there); the
 profiles and the population are emptied, then campaigns.engagement.refresh_profiles() folds
 every event, timed. The reference in the same run: one GROUP BY (contact, local hour) over the
@@ -41,6 +41,7 @@ import math
 import os
 import random
 import statistics
+import subprocess
 import sys
 import time
 from datetime import UTC, datetime, timedelta
@@ -49,6 +50,7 @@ from zoneinfo import ZoneInfo
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.lib.common import bench_database  # noqa: E402
 from campaigns.besthour import best_hour, smooth  # noqa: E402
 
 ZONES = [
@@ -172,12 +174,12 @@ def simulate(args: argparse.Namespace) -> dict[str, float]:
     return results
 
 
-BENCH_DB = "emailhub_bench_sto"
+BENCH_DB = bench_database("emailhub_bench_sto")
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/10")
 
 
 def refresh_bench(args: argparse.Namespace) -> dict[str, float]:
-    from common import prepare
+    from bench.lib.common import prepare
 
     prepare(BENCH_DB, REDIS_URL, EMAILHUB_ENGAGEMENT_SETTLE_SECONDS="0")
     from django.db import connection
@@ -265,6 +267,21 @@ def refresh_bench(args: argparse.Namespace) -> dict[str, float]:
     }
 
 
+def fanout_part(contacts: int) -> dict[str, float]:
+    """bench/sto_fanout.py in a process of its own (its own database and Redis database, not
+    needed by the other parts); its figures are its last lines, `name: value`."""
+    script = Path(__file__).resolve().parent / "sto_fanout.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--contacts", str(contacts)],
+        stdout=subprocess.PIPE,
+        text=True,
+        check=True,
+    )
+    print(done.stdout, end="", flush=True)
+    figures = (line.split(": ", 1) for line in done.stdout.splitlines() if line.startswith("sto_fanout_"))
+    return {name: float(value) for name, value in figures}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--contacts", type=int, default=50_000)
@@ -289,12 +306,9 @@ def main() -> None:
     if not args.skip_accuracy:
         results.update(simulate(args))
     if not args.skip_refresh:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
         results.update(refresh_bench(args))
     if args.fanout:
-        from bench import sto_fanout  # its own database; not needed by the other parts
-
-        results.update(sto_fanout.run(args.fanout_contacts))
+        results.update(fanout_part(args.fanout_contacts))
     for name, value in results.items():
         unit = "s" if name.endswith("seconds") else ("events/s" if name.endswith("per_second") else "share")
         if name.endswith("ratio_to_group_by"):

@@ -7,11 +7,11 @@ one of the same audience, in the same run.
 Target (issue 11): optimized adds < 30% to the fan-out's wall time.
 
 Own database (`emailhub_bench_sto_fanout`) and Redis database 11, claimed as bench/fanout.py
-claims its own. The audience is bench/fanout.py's generated list (1% suppressed), then, once and
+claims its own (bench/lib/common.py). The audience is bench/lib/audience.py's generated list (1% suppressed), then, once and
 not timed, spread over 20 timezones (half- and quarter-hour offsets included) with an
 engagement profile and a random stored best hour for 90% of the contacts (the rest fall back
 to the population's hour). Each run empties messages, outbox and Redis, CHECKPOINTs, creates the
-campaign already `sending` and times fan_out() in a fresh process (bench/fanout.py's child),
+campaign already `sending` and times fan_out() in a fresh process (bench/lib/fanout_process.py, bench/fanout.py's child),
 immediate and optimized alternating. Checked after each run: rows == expected recipients; for
 the optimized run, the distinct due instants and the slot units in Redis (a few hundred).
 """
@@ -33,10 +33,12 @@ import redis  # noqa: E402
 from django.db import connection  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
-from bench import fanout as fanout_bench  # noqa: E402
+from bench.lib.audience import bench_template, ensure_audience, reset_state  # noqa: E402
+from bench.lib.common import bench_database, prepare_alone  # noqa: E402
+from bench.lib.fanout_process import run_child  # noqa: E402
 from core.schedule_index import DUE  # noqa: E402
 
-DATABASE = "emailhub_bench_sto_fanout"
+DATABASE = bench_database("emailhub_bench_sto_fanout")
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/11")
 ZONES = [
     "UTC", "Europe/London", "Europe/Berlin", "Asia/Kolkata", "Asia/Kathmandu", "Asia/Tokyo",
@@ -86,7 +88,7 @@ def one_run(env: dict[str, str], list_id: int, expected: int, kind: str, number:
     from campaigns.models import Campaign
     from delivery.models import Message
 
-    fanout_bench.reset_state(REDIS_URL)
+    reset_state(REDIS_URL)
     with connection.cursor() as cursor:
         cursor.execute("CHECKPOINT")
     extra: dict[str, Any] = {}
@@ -99,14 +101,14 @@ def one_run(env: dict[str, str], list_id: int, expected: int, kind: str, number:
         }
     campaign = Campaign.objects.create(
         name=f"bench sto {kind} {number}",
-        template=fanout_bench.bench_template(),
+        template=bench_template(),
         contact_list_id=list_id,
         priority="normal",
         status=Campaign.Status.SENDING,
         started_at=timezone.now(),
         **extra,
     )
-    result = fanout_bench.run_child(env, campaign.pk, None, 1800)
+    result = run_child(env, campaign.pk, None, 1800)
     rows = Message.objects.filter(campaign=campaign).count()
     if rows != expected:
         raise RuntimeError(f"{kind}: {rows} rows, expected {expected}")
@@ -132,8 +134,8 @@ def one_run(env: dict[str, str], list_id: int, expected: int, kind: str, number:
 
 
 def run(contacts: int = 1_000_000, runs: int = 2) -> dict[str, float]:
-    env = fanout_bench.setup(DATABASE, REDIS_URL)
-    list_id, expected, _ = fanout_bench.ensure_audience(contacts, 100)
+    env = prepare_alone(DATABASE, REDIS_URL)
+    list_id, expected, _ = ensure_audience(contacts, 100)
     ensure_profiles(list_id)
     walls: dict[str, list[float]] = {"immediate": [], "optimized": []}
     units = 0

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import math
 import os
 import sys
 import time
@@ -43,18 +42,14 @@ sys.path.insert(0, str(ROOT))
 import redis  # noqa: E402
 import requests  # noqa: E402
 
-from bench.common import prepare, run_clients  # noqa: E402
-from bench.smtp_sink import free_port  # noqa: E402
+from bench.lib.common import LOG_DIR, bench_database, prepare, run_clients  # noqa: E402
+from bench.lib.smtp_sink import free_port  # noqa: E402
+from bench.lib.stats import percentile  # noqa: E402
 from scripts.stack import PROCESSES, Stack, with_option  # noqa: E402
 
-BENCH_DB = "emailhub_bench_tracking"
+BENCH_DB = bench_database("emailhub_bench_tracking")
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/9")
-LOG_DIR = ROOT / "bench" / ".cache" / "logs"
 BROWSER = "Mozilla/5.0 (iPhone; CPU iPhone OS 17_5 like Mac OS X) AppleWebKit/605.1.15 (KHTML, like Gecko)"
-
-
-def percentile(sorted_values: list[float], p: float) -> float:
-    return sorted_values[max(0, math.ceil(p / 100 * len(sorted_values)) - 1)]
 
 
 def hit_all(base: str, paths: list[str], concurrency: int) -> tuple[float, list[float]]:

@@ -42,8 +42,6 @@ The last lines are the medians across runs (this machine is noisy), one `name: v
 from __future__ import annotations
 
 import argparse
-import itertools
-import math
 import os
 import signal
 import subprocess
@@ -63,99 +61,22 @@ import redis  # noqa: E402
 import requests  # noqa: E402
 from django.db import connection  # noqa: E402
 
-from bench.common import prepare, run_clients  # noqa: E402
+from bench.lib.api import drive, message_body, post_messages, wait_until_sent  # noqa: E402
+from bench.lib.common import LOG_DIR, bench_database, prepare  # noqa: E402
+from bench.lib.smtp_sink import SinkUnavailable, free_port, open_sink  # noqa: E402
+from bench.lib.stats import group_stats, percentile  # noqa: E402
 from bench.reference import TABLE_SQL  # noqa: E402
-from bench.smtp_sink import SinkUnavailable, free_port, open_sink  # noqa: E402
 from scripts.stack import PROCESSES, Process, Stack, with_option  # noqa: E402
 
-BENCH_DB = "emailhub_bench"
-REFERENCE_DB = "emailhub_bench_reference"
+BENCH_DB = bench_database("emailhub_bench")
+REFERENCE_DB = bench_database("emailhub_bench_reference")
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
-LOG_DIR = ROOT / "bench" / ".cache" / "logs"
-
-
-def percentile(sorted_values: list[float], p: float) -> float:
-    """Nearest-rank percentile: a value that was really observed."""
-    return sorted_values[max(0, math.ceil(p / 100 * len(sorted_values)) - 1)]
-
-
-def group_stats(pgid: int) -> tuple[int, float]:
-    """Sum of peak RSS (VmHWM, kB) and of CPU seconds over the live processes of a process group.
-
-    Stack starts each process in its own session, so the group is the master and its forked
-    children. Summing per-process peaks counts shared pages more than once: an upper bound.
-    """
-    rss_kb, cpu_ticks = 0, 0
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            # After "(comm)", which may hold spaces: state ppid pgrp ... utime(11) stime(12).
-            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
-            if int(fields[2]) != pgid:
-                continue
-            cpu_ticks += int(fields[11]) + int(fields[12])
-            status = (proc / "status").read_text()
-            rss_kb += int(status.split("VmHWM:", 1)[1].split()[0])
-        except (OSError, IndexError, ValueError):
-            continue  # the process ended while we looked
-    return rss_kb, cpu_ticks / os.sysconf("SC_CLK_TCK")
 
 
 def db_sessions() -> int:
     with connection.cursor() as cursor:
         cursor.execute("SELECT sessions FROM pg_stat_database WHERE datname = current_database()")
         return int(cursor.fetchone()[0])
-
-
-def message_body(i: int, tag: str, priority: str = "critical") -> dict[str, str]:
-    code = f"{i:06d}"
-    return {
-        "to": f"user{i}@example.com",
-        "subject": f"Your sign-in code ({tag} #{i})",
-        "text": f"Use {code} to sign in. It expires in 10 minutes.",
-        "html": f"<html><body><p>Use <b>{code}</b> to sign in. It expires in 10 minutes.</p></body></html>",
-        "priority": priority,
-    }
-
-
-def drive(
-    url: str, api_key: str, count: int, concurrency: int, body: Callable[[int], dict[str, Any]]
-) -> tuple[list[Any], float, list[float]]:
-    """POST `count` bodies from `concurrency` threads, each a keep-alive `requests.Session`;
-    return the parsed 202 responses in order, wall seconds, sorted per-request ms."""
-    results: list[Any] = [None] * count
-    api_ms, errors = [0.0] * count, []
-    indexes = itertools.count()  # next() on it is atomic under the GIL: each index goes out once
-
-    def client() -> None:
-        with requests.Session() as session:
-            session.headers["Authorization"] = f"Bearer {api_key}"
-            while not errors and (i := next(indexes)) < count:
-                started = time.perf_counter()
-                try:
-                    response = session.post(url, json=body(i), timeout=60)
-                except requests.RequestException as exc:  # e.g. the stack is stopping after Ctrl-C
-                    errors.append(f"request failed: {exc}")
-                    return
-                api_ms[i] = (time.perf_counter() - started) * 1000
-                if response.status_code != 202:
-                    errors.append(f"HTTP {response.status_code}: {response.text[:300]}")
-                    return
-                results[i] = response.json()
-
-    elapsed = run_clients(client, concurrency)
-    if errors:
-        raise RuntimeError(f"the API refused a request: {errors[0]}")
-    return results, elapsed, sorted(api_ms)
-
-
-def post_messages(
-    url: str, api_key: str, count: int, concurrency: int, tag: str
-) -> tuple[list[int], float, list[float]]:
-    """POST `count` critical messages one per request; return ids, wall seconds, per-request ms."""
-    results, elapsed, api_ms = drive(url, api_key, count, concurrency, lambda i: message_body(i, tag))
-    return [r["id"] for r in results], elapsed, api_ms
 
 
 def post_paced(url: str, api_key: str, count: int, rate: float, tag: str) -> list[int]:
@@ -198,23 +119,6 @@ def post_batches(
 
     results, elapsed, api_ms = drive(f"{url}/batch", api_key, batches, concurrency, body)
     return [item["id"] for r in results for item in r["results"]], elapsed, api_ms
-
-
-def wait_until_sent(ids: list[int], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    with connection.cursor() as cursor:
-        while True:
-            cursor.execute(
-                "SELECT status, count(*) FROM delivery_message WHERE id = ANY(%s) GROUP BY status", [ids]
-            )
-            by_status = dict(cursor.fetchall())
-            if by_status.get("sent", 0) == len(ids):
-                return
-            if set(by_status) & {"failed", "suppressed", "cancelled", "retry_wait"}:
-                raise RuntimeError(f"some messages were not sent: {by_status} (see {LOG_DIR})")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"not all sent after {timeout:.0f}s: {by_status} (see {LOG_DIR})")
-            time.sleep(0.05)  # 20 cheap queries a second: negligible next to the measured load
 
 
 # The final lines, `transactional_<key>: <median> <unit>`, in this order.

@@ -28,7 +28,6 @@ import argparse
 import base64
 import itertools
 import json
-import math
 import os
 import signal
 import sys
@@ -46,20 +45,14 @@ from cryptography.hazmat.primitives import hashes, serialization  # noqa: E402
 from cryptography.hazmat.primitives.asymmetric import ec  # noqa: E402
 from django.db import connection  # noqa: E402
 
-from bench.common import prepare, run_clients  # noqa: E402
-from bench.smtp_sink import free_port  # noqa: E402
-from bench.transactional import group_stats  # noqa: E402
+from bench.lib.common import LOG_DIR, bench_database, prepare, run_clients  # noqa: E402
+from bench.lib.smtp_sink import free_port  # noqa: E402
+from bench.lib.stats import group_stats, percentile  # noqa: E402
 from delivery.testing.sns import TOPIC_ARN, SNSSigner, http_headers, ses_event  # noqa: E402
 from scripts.stack import Stack  # noqa: E402
 
-BENCH_DB = "emailhub_bench_webhooks"  # its own: it truncates the event and message tables
+BENCH_DB = bench_database("emailhub_bench_webhooks")  # its own: it truncates the event and message tables
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/13")
-LOG_DIR = ROOT / "bench" / ".cache" / "logs"
-
-
-def percentile(sorted_values: list[float], p: float) -> float:
-    """Nearest-rank percentile: a value that was really observed."""
-    return sorted_values[max(0, math.ceil(p / 100 * len(sorted_values)) - 1)]
 
 
 def reset() -> None:

@@ -11,13 +11,13 @@ import redis as redis_lib
 from django.conf import settings
 from rest_framework.test import APIClient
 
-from delivery.authentication import create_api_key
 from delivery.models import ApiKey, Message
 from delivery.providers import Guard
 from delivery.testing.sendgrid_server import SendGridTestServer
 from delivery.testing.ses_server import SESTestServer
 from delivery.testing.smtp_server import SMTPTestServer, free_port
 from scripts.stack import Stack
+from tests import factories
 
 
 @pytest.fixture(scope="session")
@@ -81,14 +81,12 @@ def far_horizon(settings) -> None:  # noqa: ANN001
 @pytest.fixture
 def api_key(db) -> tuple[ApiKey, str]:  # noqa: ANN001
     # Every scope: the suite's tests exercise every endpoint with this one key.
-    return create_api_key(f"test-{time.monotonic_ns()}", scopes=["send", "read", "manage"])
+    return factories.api_key()
 
 
 @pytest.fixture
 def api(api_key: tuple[ApiKey, str]) -> APIClient:
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {api_key[1]}")
-    return client
+    return factories.authenticated(api_key[1])
 
 
 def process_env(smtp_port: int, **extra: str) -> dict[str, str]:

@@ -9,8 +9,9 @@ from django.contrib import admin
 from django.core.management import CommandError, call_command
 from django.urls import reverse
 
-from campaigns.models import Campaign, ContactList, Template
+from campaigns.models import Campaign, Template
 from delivery.models import ApiKey, Message
+from tests import factories
 
 OUR_APPS = ("campaigns", "delivery", "scheduling")
 
@@ -23,9 +24,7 @@ def test_every_model_is_in_the_admin() -> None:
 
 @pytest.mark.django_db
 def test_every_admin_changelist_and_add_page_renders(admin_client) -> None:  # noqa: ANN001
-    template = Template.objects.create(name="t", subject="s", text="x")
-    contact_list = ContactList.objects.create(name="l")
-    Campaign.objects.create(name="c", template=template, contact_list=contact_list)
+    factories.campaign("c")
     Message.objects.create(to_email="a@example.com", subject="s", text="t", priority="high")
     for app in OUR_APPS:
         for model in apps.get_app_config(app).get_models():
@@ -107,10 +106,8 @@ def test_provider_health_api_shows_circuits_and_tokens(api, settings) -> None:  
 
 @pytest.mark.django_db
 def test_campaign_admin_actions_change_state_and_report_refusals(admin_client) -> None:  # noqa: ANN001
-    template = Template.objects.create(name="t", subject="s", text="x")
-    contact_list = ContactList.objects.create(name="l")
-    draft = Campaign.objects.create(name="a", template=template, contact_list=contact_list)
-    done = Campaign.objects.create(name="b", template=template, contact_list=contact_list, status="completed")
+    draft = factories.campaign("a")
+    done = factories.campaign("b", status="completed")
     url = reverse("admin:campaigns_campaign_changelist")
     response = admin_client.post(
         url, {"action": "start_now", "_selected_action": [draft.pk, done.pk]}, follow=True
@@ -148,10 +145,7 @@ def test_template_admin_refuses_a_malformed_placeholder(admin_client) -> None:  
 
 @pytest.mark.django_db
 def test_editing_a_sending_campaign_in_the_admin_never_writes_its_counters_or_status(admin_client) -> None:  # noqa: ANN001
-    template = Template.objects.create(name="t", subject="s", text="x")
-    campaign = Campaign.objects.create(
-        name="old", template=template, contact_list=ContactList.objects.create(name="l"), status="sending"
-    )
+    campaign = factories.campaign("old", status="sending")
     page = admin_client.get(reverse("admin:campaigns_campaign_change", args=[campaign.pk]))
     assert page.status_code == 200
     Campaign.objects.filter(pk=campaign.pk).update(sent_count=7, status="paused")  # workers, an operator

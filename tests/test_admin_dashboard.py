@@ -35,7 +35,7 @@ from delivery.services import transitions
 from delivery.services.sending import send_messages
 from delivery.testing.smtp_server import SMTPTestServer
 from operations import dashboard
-from tests.campaign_data import make_audience, make_campaign
+from tests.factories import make_audience, make_campaign
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -22,6 +22,7 @@ from delivery.services.sending import send_messages
 from delivery.testing.smtp_server import SMTPTestServer
 from scheduling import dispatch
 from scheduling.models import RecurringSchedule, ScheduleOccurrence
+from tests import factories
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -83,11 +84,7 @@ def page_messages(response: object) -> str:
 
 
 def campaign(status: str = "sending", name: str = "c", **fields: object) -> Campaign:
-    template = Template.objects.get_or_create(name="t", defaults={"subject": "s", "text": "x"})[0]
-    contact_list = ContactList.objects.get_or_create(name="l")[0]
-    return Campaign.objects.create(
-        name=name, template=template, contact_list=contact_list, status=status, **fields
-    )
+    return factories.campaign(name, status=status, **fields)
 
 
 # Item 2: messages

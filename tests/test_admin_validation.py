@@ -15,6 +15,7 @@ from rest_framework.test import APIClient
 from campaigns.models import Campaign, Contact, ContactList, Suppression, Template
 from core.validators import ApiValidatedForm
 from scheduling.models import RecurringSchedule
+from tests import factories
 
 pytestmark = pytest.mark.django_db
 
@@ -33,12 +34,12 @@ def form_errors(response: Any) -> dict[str, list[str]]:
 
 @pytest.fixture
 def template() -> Template:
-    return Template.objects.create(name="t", subject="s", text="x")
+    return factories.template()
 
 
 @pytest.fixture
 def contact_list() -> ContactList:
-    return ContactList.objects.create(name="l")
+    return factories.contact_list()
 
 
 CONTACT = {"email": "ann@example.com", "name": "Ann", "timezone": "UTC", "attributes": "{}"}

@@ -32,6 +32,7 @@ from delivery.models import EmailEvent, Message
 from delivery.services.sending import send_messages
 from delivery.services.test_sends import TEST_SEND_FLAG
 from delivery.testing.smtp_server import SMTPTestServer
+from tests import factories
 
 pytestmark = pytest.mark.django_db
 
@@ -150,9 +151,8 @@ def test_upload_needs_the_add_contact_permission(client: Client) -> None:
 
 @pytest.fixture
 def draft(db: None) -> Campaign:
-    template = Template.objects.create(name="news", subject="Hi {{ name }}", text="hello")
-    audience = ContactList.objects.create(name="all")
-    return Campaign.objects.create(name="December", template=template, contact_list=audience)
+    template = factories.template("news", subject="Hi {{ name }}", text="hello")
+    return factories.campaign("December", template=template, contact_list=factories.contact_list("all"))
 
 
 def schedule_url(campaign: Campaign) -> str:

@@ -20,16 +20,10 @@ from campaigns.models import Contact
 from delivery.authentication import create_api_key
 from delivery.models import ApiKey, Message
 from scripts.stack import Stack
+from tests import factories
 
 BODY = {"to": "ann@example.com", "subject": "Your code", "text": "123456", "priority": "critical"}
 MESSAGE_ROUTES = ("/api/v1/messages",)
-
-
-def client_for(*scopes: str, name: str | None = None) -> tuple[APIClient, ApiKey]:
-    key, raw = create_api_key(name or f"k-{time.monotonic_ns()}", scopes)
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
-    return client, key
 
 
 def api_routes() -> Iterator[tuple[str, type]]:
@@ -75,7 +69,7 @@ def test_create_api_key_refuses_unknown_scopes_and_creates_nothing(scopes: str) 
 
 @pytest.mark.django_db
 def test_a_key_without_send_gets_403_naming_send_and_nothing_is_stored() -> None:
-    reader, _ = client_for("read")
+    reader, _ = factories.api_client("read")
     response = reader.post("/api/v1/messages", BODY, format="json")
     assert missing_scope_named(response, "send"), response.content
     assert not Message.objects.exists()
@@ -83,7 +77,7 @@ def test_a_key_without_send_gets_403_naming_send_and_nothing_is_stored() -> None
 
 @pytest.mark.django_db
 def test_a_key_without_read_gets_403_naming_read_on_messages() -> None:
-    sender, _ = client_for("send")
+    sender, _ = factories.api_client("send")
     message_id = sender.post("/api/v1/messages", BODY, format="json").json()["id"]
     assert missing_scope_named(sender.get(f"/api/v1/messages/{message_id}"), "read")
     assert missing_scope_named(sender.get("/api/v1/messages"), "read")
@@ -91,7 +85,7 @@ def test_a_key_without_read_gets_403_naming_read_on_messages() -> None:
 
 @pytest.mark.django_db
 def test_an_application_key_gets_403_naming_manage_on_every_other_endpoint() -> None:
-    app_client, _ = client_for("send", "read")
+    app_client, _ = factories.api_client("send", "read")
     checked = 0
     for route, view_class in api_routes():
         if route in MESSAGE_ROUTES or route.startswith("/api/v1/messages/"):
@@ -109,8 +103,8 @@ def test_an_application_key_gets_403_naming_manage_on_every_other_endpoint() -> 
 
 @pytest.mark.django_db
 def test_a_key_sees_only_its_own_messages_and_anothers_is_404() -> None:
-    alice, alice_key = client_for("send", "read")
-    bob, _ = client_for("send", "read")
+    alice, alice_key = factories.api_client("send", "read")
+    bob, _ = factories.api_client("send", "read")
     mine = [alice.post("/api/v1/messages", BODY, format="json").json()["id"] for _ in range(2)]
     theirs = bob.post("/api/v1/messages", {**BODY, "to": "bob@example.com"}, format="json").json()["id"]
     Message.objects.create(to_email="campaign@example.com", subject="s", text="t")  # no key
@@ -127,8 +121,8 @@ def test_a_key_sees_only_its_own_messages_and_anothers_is_404() -> None:
 
 @pytest.mark.django_db
 def test_a_manage_key_reads_every_keys_messages() -> None:
-    alice, _ = client_for("send", "read")
-    operator, _ = client_for("manage")
+    alice, _ = factories.api_client("send", "read")
+    operator, _ = factories.api_client("manage")
     sent = alice.post("/api/v1/messages", BODY, format="json").json()["id"]
     unkeyed = Message.objects.create(to_email="campaign@example.com", subject="s", text="t").pk
     assert operator.get(f"/api/v1/messages/{sent}").status_code == 200
@@ -138,7 +132,7 @@ def test_a_manage_key_reads_every_keys_messages() -> None:
 
 @pytest.mark.django_db
 def test_message_list_is_paginated_by_cursor() -> None:
-    alice, _ = client_for("send", "read")
+    alice, _ = factories.api_client("send", "read")
     ids = [alice.post("/api/v1/messages", BODY, format="json").json()["id"] for _ in range(3)]
     page = alice.get("/api/v1/messages", {"page_size": 2}).json()
     assert [m["id"] for m in page["results"]] == ids[:0:-1] and page["next"]
@@ -179,7 +173,7 @@ def test_list_api_keys_shows_name_prefix_scopes_and_revocation_never_the_key() -
 
 @pytest.mark.django_db
 def test_revoke_api_key_by_name_or_prefix_refuses_the_key_at_once_in_this_process() -> None:
-    client, key = client_for("send", "read", name="billing")
+    client, key = factories.api_client("send", "read", name="billing")
     assert client.get("/api/v1/messages").status_code == 200  # now cached in this process
     out = StringIO()
     call_command("revoke_api_key", key.prefix, stdout=out)
@@ -211,7 +205,7 @@ def test_revoke_api_key_refuses_to_guess_between_two_keys() -> None:
 
 @pytest.mark.django_db
 def test_admin_revokes_by_action_and_a_save_never_unrevokes(admin_client) -> None:  # noqa: ANN001
-    client, key = client_for("send", "read", name="billing")
+    client, key = factories.api_client("send", "read", name="billing")
     change_url = reverse("admin:delivery_apikey_change", args=[key.pk])
     assert admin_client.get(change_url).status_code == 200  # the page is opened ...
     changelist = reverse("admin:delivery_apikey_changelist")
@@ -228,7 +222,7 @@ def test_admin_revokes_by_action_and_a_save_never_unrevokes(admin_client) -> Non
 
 @pytest.mark.django_db
 def test_admin_cannot_add_or_delete_keys_and_refuses_an_unknown_scope(admin_client) -> None:  # noqa: ANN001
-    _, key = client_for("send", name="billing")
+    _, key = factories.api_client("send", name="billing")
     assert admin_client.get(reverse("admin:delivery_apikey_add")).status_code == 403
     assert (
         admin_client.post(reverse("admin:delivery_apikey_delete", args=[key.pk]), {"post": "yes"}).status_code
@@ -243,7 +237,7 @@ def test_admin_cannot_add_or_delete_keys_and_refuses_an_unknown_scope(admin_clie
 
 @pytest.mark.django_db
 def test_a_scope_granted_in_the_admin_applies_to_the_next_request(admin_client) -> None:  # noqa: ANN001
-    client, key = client_for("send", name="billing")
+    client, key = factories.api_client("send", name="billing")
     assert client.get("/api/v1/messages").status_code == 403
     admin_client.post(
         reverse("admin:delivery_apikey_change", args=[key.pk]),

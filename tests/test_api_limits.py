@@ -20,7 +20,7 @@ from campaigns.models import Campaign, Contact, ImportIssue
 from core.limits import beyond_horizon
 from core.models import OutboxEvent
 from delivery.models import Message
-from tests.campaign_data import make_audience, make_campaign
+from tests.factories import make_audience, make_campaign
 
 pytestmark = pytest.mark.django_db
 

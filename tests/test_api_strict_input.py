@@ -13,7 +13,7 @@ from rest_framework.test import APIClient
 from campaigns.models import Campaign, Contact, ContactList, Template
 from delivery.models import Message
 from scheduling.models import RecurringSchedule
-from tests.campaign_data import make_audience, make_campaign
+from tests.factories import make_audience, make_campaign
 
 pytestmark = pytest.mark.django_db
 

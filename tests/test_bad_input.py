@@ -27,7 +27,7 @@ from delivery.services.sending import send_messages
 from delivery.testing.smtp_server import SMTPTestServer
 from emailhub.urls import urlpatterns as real_urlpatterns
 from scheduling.models import RecurringSchedule
-from tests.campaign_data import make_audience, make_campaign
+from tests.factories import make_audience, make_campaign
 
 VALID = {"to": "ann@example.com", "subject": "Your code", "text": "123456"}
 

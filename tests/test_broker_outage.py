@@ -23,8 +23,8 @@ from delivery.testing.smtp_server import SMTPTestServer
 from emailhub import broker as emailhub_broker
 from emailhub.periodic import ensure_periodic_tasks
 from scripts.stack import ROOT, Stack
-from tests.campaign_data import make_audience, make_campaign
 from tests.conftest import wait_until
+from tests.factories import make_audience, make_campaign
 from tests.redis_server import RedisServer
 
 QUEUE = Queue("t", Exchange("t", type="direct"), routing_key="t")

@@ -8,7 +8,7 @@ from rest_framework.test import APIClient
 
 from campaigns.models import Campaign, Template
 from core.models import OutboxEvent
-from tests.campaign_data import make_audience
+from tests.factories import make_audience
 
 
 @pytest.fixture

@@ -12,8 +12,8 @@ from campaigns.models import Campaign, Suppression
 from delivery.models import Message
 from delivery.testing.smtp_server import SMTPTestServer
 from scripts.stack import PROCESSES, Stack, with_option
-from tests.campaign_data import make_audience, make_campaign
 from tests.conftest import wait_until
+from tests.factories import make_audience, make_campaign
 
 pytestmark = pytest.mark.processes
 

@@ -18,15 +18,9 @@ from delivery.services import transitions
 from delivery.services.sending import send_messages
 from delivery.testing.smtp_server import SMTPTestServer
 from tests.broker import queued_tasks
-from tests.campaign_data import make_audience, make_campaign
+from tests.factories import make_audience, make_campaign, sending
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def sending(campaign: Campaign) -> Campaign:
-    Campaign.objects.filter(pk=campaign.pk).update(status="sending")
-    campaign.refresh_from_db()
-    return campaign
 
 
 def published_batches(queue: str = "normal") -> list[list[int]]:

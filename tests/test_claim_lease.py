@@ -7,11 +7,12 @@ from __future__ import annotations
 import pytest
 from django.db import connection
 
-from delivery.models import Message, MessageStatus
+from delivery.models import Message
 from delivery.providers import OutgoingEmail, Provider, SendResult, close_all, locmem
 from delivery.services.lease import ClaimLease
 from delivery.services.sending import send_messages
 from delivery.services.transitions import Outcomes, claim, record_outcomes, requeue_stale
+from tests import factories
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -29,16 +30,7 @@ class Clock:
 
 
 def queued(count: int) -> list[int]:
-    return [
-        Message.objects.create(
-            to_email=f"user{n}@example.com",
-            subject="s",
-            text="t",
-            priority="normal",
-            status=MessageStatus.QUEUED,
-        ).pk
-        for n in range(count)
-    ]
+    return [message.pk for message in factories.messages(count)]
 
 
 def leased(ids: list[int], clock: Clock) -> ClaimLease:

@@ -15,7 +15,7 @@ from core import schedule_index
 from delivery.models import Message
 from delivery.services import send_events
 from tests.broker import queued_tasks
-from tests.campaign_data import make_audience, make_campaign
+from tests.factories import make_audience, make_campaign
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -25,7 +25,7 @@ from delivery.providers.base import Outcome, OutgoingEmail
 from delivery.providers.dkim import DkimSigner, canonicalize_body, canonicalize_header
 from delivery.services.sending import send_messages
 from delivery.testing.smtp_server import SMTPTestServer
-from tests.campaign_data import make_audience, make_campaign
+from tests.factories import make_audience, make_campaign
 
 UNSUBSCRIBE = {
     "List-Unsubscribe": "<https://mail.example.com/u/abc123>, <mailto:unsubscribe@example.com>",

@@ -21,7 +21,7 @@ from delivery.models import EmailEvent, Message
 from delivery.providers import get_provider
 from delivery.providers.base import OutgoingEmail
 from delivery.testing.smtp_server import SMTPTestServer
-from tests.campaign_data import make_audience, make_campaign
+from tests.factories import make_audience, make_campaign
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -14,6 +14,7 @@ from django.utils import timezone
 from campaigns import engagement
 from campaigns.models import Contact, EngagementPopulation, EngagementProfile
 from delivery.models import EmailEvent, Message
+from tests import factories
 
 pytestmark = pytest.mark.django_db
 
@@ -34,7 +35,7 @@ def engagement_settings(settings):  # noqa: ANN001, ANN201
 
 
 def contact(email: str, tz: str = "UTC") -> Contact:
-    return Contact.objects.create(email=email, timezone=tz)
+    return factories.contact(email, timezone=tz)
 
 
 def hits(

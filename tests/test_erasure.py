@@ -10,9 +10,10 @@ from rest_framework.test import APIClient
 
 from campaigns import lifecycle
 from campaigns.fanout import fan_out
-from campaigns.models import Campaign, Contact, ContactList, ListMembership, Template
+from campaigns.models import Campaign, Contact, ListMembership
 from campaigns.services import add_list_members
 from delivery.models import EmailEvent, Message
+from tests import factories
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -20,19 +21,12 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def history(email: str = "ann@example.com") -> tuple[Contact, Campaign, Message, Message, Message]:
     """A contact in a list, with a sent campaign message (and its webhook event), a transactional
     message to the same address, and a campaign message still queued."""
-    contact = Contact.objects.create(
-        email=email, name="Ann", attributes={"plan": "gold"}, timezone="Europe/Paris"
-    )
-    contact_list = ContactList.objects.create(name="l")
+    contact = factories.contact(email, name="Ann", attributes={"plan": "gold"}, timezone="Europe/Paris")
+    contact_list = factories.contact_list()
     add_list_members(contact_list, [contact.pk])
-    template = Template.objects.create(name="t", subject="s", text="x")
-    old = Campaign.objects.create(
-        name="old",
-        template=template,
-        contact_list=contact_list,
-        status="completed",
-        total_count=1,
-        sent_count=1,
+    template = factories.template()
+    old = factories.campaign(
+        "old", template=template, contact_list=contact_list, status="completed", total_count=1, sent_count=1
     )
     sent = Message.objects.create(
         to_email=email, campaign=old, contact=contact, template=template, priority="normal",
@@ -45,8 +39,8 @@ def history(email: str = "ann@example.com") -> tuple[Contact, Campaign, Message,
         to_email=email.upper(), subject="Your code, Ann", text="1234", priority="critical", status="sent",
         sent_at=timezone.now(), context={"name": "Ann"},
     )  # fmt: skip
-    running = Campaign.objects.create(
-        name="running", template=template, contact_list=contact_list, status="sending", total_count=1
+    running = factories.campaign(
+        "running", template=template, contact_list=contact_list, status="sending", total_count=1
     )
     queued = Message.objects.create(
         to_email=email,
@@ -128,11 +122,9 @@ def test_api_delete_of_a_contact_anonymises_it(api: APIClient) -> None:
 def test_no_campaign_reaches_an_erased_contact_even_if_it_is_put_back_in_a_list(api: APIClient) -> None:
     contact, *_ = history()
     api.delete(f"/api/v1/contacts/{contact.pk}")
-    again = ContactList.objects.create(name="again")
+    again = factories.contact_list("again")
     add_list_members(again, [contact.pk])
-    campaign = Campaign.objects.create(
-        name="new", template=Template.objects.get(name="t"), contact_list=again
-    )
+    campaign = factories.campaign("new", contact_list=again)  # history's template "t"
     lifecycle.schedule(campaign.pk, Campaign.ScheduleType.IMMEDIATE)
     report = fan_out(campaign.pk)
     assert report.created == 0 and not Message.objects.filter(campaign=campaign).exists()

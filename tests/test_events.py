@@ -13,28 +13,21 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
-from rest_framework.test import APIClient
 
 from campaigns import fanout
 from campaigns.models import Campaign, Contact, Suppression
-from delivery.authentication import create_api_key
 from delivery.exceptions import InvalidEvent
-from delivery.models import ApiKey, EmailEvent, Message, MessageStatus
+from delivery.models import EmailEvent, Message
 from delivery.services.events import ProviderEvent, record_events
 from delivery.services.sending import send_messages
 from delivery.testing.smtp_server import SMTPTestServer
+from tests import factories
 from tests.broker import queued_tasks
-from tests.campaign_data import make_audience, make_campaign
 from tests.conftest import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
-
-
-def sent(to: str = "ann@example.com", **fields: object) -> Message:
-    defaults = {"subject": "Hi", "text": "hello", "status": MessageStatus.SENT, "provider": "ses"}
-    return Message.objects.create(to_email=to, **{**defaults, **fields})
 
 
 def event(event_id: str, kind: str, message: Message | None = None, **fields: object) -> ProviderEvent:
@@ -52,14 +45,13 @@ def suppressions() -> dict[str, str]:
 
 
 def sending_campaign(size: int) -> Campaign:
-    campaign = make_campaign(make_audience(size))
-    Campaign.objects.filter(pk=campaign.pk).update(status="sending")
-    return campaign
+    return factories.sending_campaign(factories.make_audience(size))
 
 
 def mixed_batch(campaign: Campaign) -> list[ProviderEvent]:
     ann, bob, cy, dee = (
-        sent(f"{name}@example.com", campaign=campaign) for name in ("ann", "bob", "cy", "dee")
+        factories.sent_message(f"{name}@example.com", campaign=campaign)
+        for name in ("ann", "bob", "cy", "dee")
     )
     return [
         event("d-1", "delivered", ann),
@@ -95,7 +87,7 @@ def test_a_batch_is_recorded_by_the_same_few_queries_whatever_its_size() -> None
     campaign = sending_campaign(0)
 
     def queries(n: int, prefix: str) -> int:
-        message = sent(f"{prefix}@example.com", campaign=campaign)
+        message = factories.sent_message(f"{prefix}@example.com", campaign=campaign)
         batch = [event(f"{prefix}-{i}", "bounced", message, bounce="permanent") for i in range(n)]
         with CaptureQueriesContext(connection) as captured:
             assert record_events(batch).new == n
@@ -108,21 +100,21 @@ def test_a_batch_is_recorded_by_the_same_few_queries_whatever_its_size() -> None
 
 
 def test_duplicates_inside_one_batch_are_recorded_once() -> None:
-    message = sent()
+    message = factories.sent_message()
     report = record_events([event("x", "delivered", message), event("x", "delivered", message)])
     assert (report.new, report.duplicates) == (1, 1)
     assert EmailEvent.objects.count() == 1
 
 
 def test_the_same_event_id_from_two_providers_is_two_events() -> None:
-    message = sent()
+    message = factories.sent_message()
     record_events([event("1", "delivered", message), event("1", "delivered", message, provider="sendgrid")])
     assert sorted(EmailEvent.objects.values_list("provider", flat=True)) == ["sendgrid", "ses"]
 
 
 def test_events_find_their_message_by_id_then_by_provider_message_id_and_keep_unmatched_ones() -> None:
-    by_id = sent("one@example.com")
-    by_provider_id = sent("two@example.com", provider_message_id="0100-abc")
+    by_id = factories.sent_message("one@example.com")
+    by_provider_id = factories.sent_message("two@example.com", provider_message_id="0100-abc")
     report = record_events(
         [
             event("a", "delivered", by_id),
@@ -171,7 +163,7 @@ def deep_list(levels: int) -> object:
     ],
 )
 def test_a_malformed_event_refuses_the_whole_batch_and_writes_nothing(bad: dict) -> None:
-    message = sent()
+    message = factories.sent_message()
     good = event("good", "complained", message)
     fields = {"event_id": "bad", "kind": "delivered", **bad}
     with pytest.raises(InvalidEvent):
@@ -198,7 +190,7 @@ def test_only_permanent_bounces_complaints_address_drops_and_unsubscribes_suppre
         "click": ("clicked", "", False),
         "delivered": ("delivered", "", False),
     }
-    messages = {name: sent(f"{name}@example.com", campaign=campaign) for name in kinds}
+    messages = {name: factories.sent_message(f"{name}@example.com", campaign=campaign) for name in kinds}
     record_events(
         [event(name, kind, messages[name], bounce=bounce) for name, (kind, bounce, _) in kinds.items()]
     )
@@ -211,7 +203,7 @@ def test_only_permanent_bounces_complaints_address_drops_and_unsubscribes_suppre
 
 
 def test_the_suppression_records_the_reason_and_detail_and_a_later_event_keeps_the_first_reason() -> None:
-    message = sent("Ann@Example.com")
+    message = factories.sent_message("Ann@Example.com")
     record_events([event("1", "bounced", message, bounce="permanent", detail="Permanent/NoEmail: 550 5.1.1")])
     record_events([event("2", "complained", message, detail="abuse")])
     row = Suppression.objects.get()
@@ -224,8 +216,8 @@ def test_the_suppression_records_the_reason_and_detail_and_a_later_event_keeps_t
 
 def test_a_campaign_counter_moves_once_per_message_whatever_reports_it() -> None:
     campaign = sending_campaign(0)
-    message = sent(campaign=campaign)
-    other = sent("other@example.com", campaign=campaign)
+    message = factories.sent_message(campaign=campaign)
+    other = factories.sent_message("other@example.com", campaign=campaign)
     record_events([event("ses-1", "bounced", message, bounce="permanent")])
     record_events(
         [
@@ -240,7 +232,7 @@ def test_a_campaign_counter_moves_once_per_message_whatever_reports_it() -> None
 
 def test_transactional_events_move_no_campaign_counter() -> None:
     campaign = sending_campaign(0)
-    record_events([event("1", "complained", sent())])
+    record_events([event("1", "complained", factories.sent_message())])
     assert counters(campaign) == (0, 0, 0)
     assert suppressions() == {"ann@example.com": "complained"}
 
@@ -249,7 +241,7 @@ def test_two_requests_reporting_one_message_at_once_count_it_once() -> None:
     """The second request waits for the first's transaction (an advisory lock per campaign),
     then sees its event: without the lock each would see no earlier event and both would count."""
     campaign = sending_campaign(0)
-    message = sent(campaign=campaign)
+    message = factories.sent_message(campaign=campaign)
     done = threading.Event()
 
     def second_request() -> None:
@@ -305,7 +297,9 @@ def _on_new_connection(check):  # noqa: ANN001, ANN202
 
 def test_an_unsubscribe_stops_campaign_mail_but_not_transactional_mail(smtp: SMTPTestServer) -> None:
     campaign = sending_campaign(0)
-    record_events([event("u", "unsubscribed", sent("ann@example.com"), provider="emailhub")])
+    record_events(
+        [event("u", "unsubscribed", factories.sent_message("ann@example.com"), provider="emailhub")]
+    )
     reset = Message.objects.create(
         to_email="ann@example.com", subject="Reset", text="link", priority="critical"
     )
@@ -322,8 +316,8 @@ def test_an_unsubscribe_stops_campaign_mail_but_not_transactional_mail(smtp: SMT
 def test_a_bounce_or_complaint_stops_transactional_mail_too(smtp: SMTPTestServer) -> None:
     record_events(
         [
-            event("b", "bounced", sent("gone@example.com"), bounce="permanent"),
-            event("c", "complained", sent("angry@example.com")),
+            event("b", "bounced", factories.sent_message("gone@example.com"), bounce="permanent"),
+            event("c", "complained", factories.sent_message("angry@example.com")),
         ]
     )
     ids = [
@@ -352,7 +346,15 @@ def test_a_permanent_bounce_while_a_campaign_sends_suppresses_its_later_batches(
     # A bounce for an address of a later batch arrives (reported about another message to it).
     victim = Message.objects.get(pk=later[1])
     report = record_events(
-        [event("hard", "bounced", sent(victim.to_email.upper()), bounce="permanent", detail="550 5.1.1")]
+        [
+            event(
+                "hard",
+                "bounced",
+                factories.sent_message(victim.to_email.upper()),
+                bounce="permanent",
+                detail="550 5.1.1",
+            )
+        ]
     )
     assert report.suppressed == 1
 
@@ -368,18 +370,11 @@ def test_a_permanent_bounce_while_a_campaign_sends_suppresses_its_later_batches(
 # --- the events API ----------------------------------------------------------------------------------
 
 
-def client_for(*scopes: str) -> tuple[APIClient, ApiKey]:
-    key, raw = create_api_key(f"k-{len(scopes)}-{'-'.join(scopes)}-{ApiKey.objects.count()}", list(scopes))
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
-    return client, key
-
-
 def test_a_key_reads_its_own_messages_events_and_anothers_is_404() -> None:
-    alice, alice_key = client_for("send", "read")
-    bob, _ = client_for("send", "read")
-    ops, _ = client_for("manage")
-    message = sent(api_key=alice_key)
+    alice, alice_key = factories.api_client("send", "read")
+    bob, _ = factories.api_client("send", "read")
+    ops, _ = factories.api_client("manage")
+    message = factories.sent_message(api_key=alice_key)
     record_events(
         [event("1", "delivered", message), event("2", "opened", message, occurred_at=T0 + timedelta(hours=1))]
     )
@@ -395,16 +390,16 @@ def test_a_key_reads_its_own_messages_events_and_anothers_is_404() -> None:
 
 
 def test_listing_every_event_needs_manage() -> None:
-    app, _ = client_for("send", "read")
+    app, _ = factories.api_client("send", "read")
     response = app.get("/api/v1/events")
     assert response.status_code == 403 and "`manage`" in response.content.decode()
 
 
 def test_events_filter_by_kind_provider_message_campaign_recipient_and_time() -> None:
-    ops, _ = client_for("manage")
+    ops, _ = factories.api_client("manage")
     campaign = sending_campaign(0)
-    news = sent("ann@example.com", campaign=campaign)
-    reset = sent("bob@example.com")
+    news = factories.sent_message("ann@example.com", campaign=campaign)
+    reset = factories.sent_message("bob@example.com")
     record_events(
         [
             event("1", "delivered", news),
@@ -442,13 +437,13 @@ def test_events_filter_by_kind_provider_message_campaign_recipient_and_time() ->
     ],
 )
 def test_a_bad_event_filter_is_a_400(query: dict) -> None:
-    ops, _ = client_for("manage")
+    ops, _ = factories.api_client("manage")
     assert ops.get("/api/v1/events", query).status_code == 400
 
 
 def test_events_are_keyset_paginated_by_cursor_without_gaps_or_repeats() -> None:
-    ops, _ = client_for("manage")
-    message = sent()
+    ops, _ = factories.api_client("manage")
+    message = factories.sent_message()
     record_events([event(f"e{i}", "opened", message) for i in range(25)])
     seen: list[int] = []
     url: str | None = "/api/v1/events?page_size=10"
@@ -475,8 +470,8 @@ def test_the_admin_shows_events_on_the_message_and_contact_pages_and_rates_per_c
     campaign = sending_campaign(0)
     Campaign.objects.filter(pk=campaign.pk).update(sent_count=4)
     contact = Contact.objects.create(email="Gone+news@example.com", timezone="UTC")
-    message = sent("Gone+news@example.com", campaign=campaign, sent_at=timezone.now())
-    sent("fine@example.com", sent_at=timezone.now())
+    message = factories.sent_message("Gone+news@example.com", campaign=campaign, sent_at=timezone.now())
+    factories.sent_message("fine@example.com", sent_at=timezone.now())
     record_events([event("hb-1", "bounced", message, bounce="permanent", detail="General: 550 5.1.1")])
 
     message_page = admin_client.get(
@@ -507,7 +502,7 @@ def test_the_admin_shows_events_on_the_message_and_contact_pages_and_rates_per_c
 
 
 def test_a_bounce_replaces_an_unsubscribe_in_one_batch_and_later_but_never_the_reverse() -> None:
-    ann, bob, cy = (sent(f"{n}@example.com") for n in ("ann", "bob", "cy"))
+    ann, bob, cy = (factories.sent_message(f"{n}@example.com") for n in ("ann", "bob", "cy"))
     # One batch: ann unsubscribes, then hard-bounces; bob hard-bounces, then unsubscribes.
     record_events(
         [

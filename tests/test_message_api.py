@@ -11,6 +11,7 @@ from rest_framework.test import APIClient
 from campaigns.models import Template
 from core.models import OutboxEvent
 from delivery.models import Message
+from tests import factories
 from tests.broker import queued_tasks
 
 # With the fast paths on (kept serializers, the fast publisher) and with every one off.
@@ -117,10 +118,7 @@ def test_same_idempotency_key_with_another_body_is_refused(api: APIClient) -> No
 
 
 def test_idempotency_keys_are_per_api_key(api: APIClient) -> None:
-    from delivery.authentication import create_api_key
-
-    other = APIClient()
-    other.credentials(HTTP_AUTHORIZATION=f"Bearer {create_api_key('other')[1]}")
+    other, _ = factories.api_client("send", "read", name="other")
     a = post(api, VALID, HTTP_IDEMPOTENCY_KEY="k")
     b = post(other, VALID, HTTP_IDEMPOTENCY_KEY="k")
     assert a.json()["id"] != b.json()["id"]
@@ -129,8 +127,7 @@ def test_idempotency_keys_are_per_api_key(api: APIClient) -> None:
 @pytest.mark.django_db(transaction=True)
 def test_twenty_parallel_requests_with_one_key_make_one_message_and_one_task(api_key, redis) -> None:  # noqa: ANN001
     def send(_: int) -> tuple[int, int]:
-        client = APIClient()
-        client.credentials(HTTP_AUTHORIZATION=f"Bearer {api_key[1]}")
+        client = factories.authenticated(api_key[1])
         try:
             response = post(client, VALID, HTTP_IDEMPOTENCY_KEY="parallel-1")
             return response.status_code, response.json()["id"]

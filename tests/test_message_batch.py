@@ -16,21 +16,18 @@ from rest_framework.test import APIClient
 
 from campaigns.models import Template
 from core.models import OutboxEvent
-from delivery.authentication import create_api_key
 from delivery.models import Message
 from delivery.testing.smtp_server import SMTPTestServer
 from scripts.stack import Stack
+from tests import factories
 from tests.broker import queued_tasks
 from tests.conftest import wait_until
+from tests.factories import message_body as item  # one message of a batch
 
 # With the fast paths on (kept serializers, the fast publisher) and with every one off.
 pytestmark = pytest.mark.usefixtures("fast_paths")
 
 URL = "/api/v1/messages/batch"
-
-
-def item(i: int, **extra: Any) -> dict[str, Any]:
-    return {"to": f"user{i}@example.com", "subject": f"Receipt #{i}", "text": f"Order {i}", **extra}
 
 
 def post(api: APIClient, body: Any) -> Any:
@@ -133,8 +130,7 @@ def test_more_messages_than_the_limit_is_a_413_naming_it(api: APIClient) -> None
 
 
 def test_a_key_without_the_send_scope_is_refused(db) -> None:  # noqa: ANN001
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {create_api_key('reader', scopes=['read'])[1]}")
+    client, _ = factories.api_client("read", name="reader")
     response = post(client, {"messages": [item(0)]})
     assert response.status_code == 403 and Message.objects.count() == 0
 
@@ -190,8 +186,7 @@ def test_concurrent_batches_with_the_same_keys_store_each_message_once(api_key) 
     batch = {"messages": [item(i, idempotency_key=f"c{i}") for i in range(50)]}
 
     def send(_: int) -> list[int]:
-        client = APIClient()
-        client.credentials(HTTP_AUTHORIZATION=f"Bearer {api_key[1]}")
+        client = factories.authenticated(api_key[1])
         try:
             response = post(client, batch)
             assert response.status_code == 202, response.json()

@@ -23,7 +23,7 @@ from rest_framework.test import APIClient
 from campaigns.import_jobs import create_import_job
 from core.api_errors import error_body
 from core.api_schema import ERROR_SCHEMA
-from tests.campaign_data import make_audience, make_campaign
+from tests.factories import make_audience, make_campaign
 
 
 @pytest.fixture(scope="module")

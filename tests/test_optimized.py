@@ -22,7 +22,7 @@ from campaigns.reporting import newcombe_difference, wilson
 from core import schedule_index
 from delivery.models import EmailEvent, Message
 from delivery.services import transitions
-from tests.campaign_data import make_audience, make_campaign
+from tests.factories import make_audience, make_campaign
 
 
 def _first_instant(tz_name: str, hour: int, start: datetime, hours: int) -> datetime | None:

@@ -68,7 +68,7 @@ def test_messages_left_sending_by_a_dead_worker_are_requeued(redis, settings) ->
 
 def test_a_message_stuck_sending_at_its_last_attempt_fails_and_moves_its_campaign(redis, settings) -> None:  # noqa: ANN001
     from campaigns.models import Campaign
-    from tests.campaign_data import make_audience, make_campaign
+    from tests.factories import make_audience, make_campaign
 
     settings.EMAILHUB_SENDING_LEASE_SECONDS = 60
     settings.EMAILHUB_MAX_ATTEMPTS = 3

@@ -14,7 +14,7 @@ from campaigns import fanout
 from campaigns.import_jobs import create_import_job, run_import_job
 from campaigns.models import Campaign
 from campaigns.selectors import AUDIENCE_TABLES
-from tests.campaign_data import make_audience, make_campaign
+from tests.factories import make_audience, make_campaign
 
 
 @pytest.fixture

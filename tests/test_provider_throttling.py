@@ -17,7 +17,7 @@ import pytest
 from django.utils import timezone
 
 from delivery import breakers
-from delivery.models import Message, MessageStatus
+from delivery.models import Message
 from delivery.providers import close_all
 from delivery.providers.base import parse_retry_after
 from delivery.ratelimit import pause_remaining
@@ -27,6 +27,7 @@ from delivery.testing.sendgrid_server import SendGridTestServer
 from delivery.testing.ses_server import SESTestServer
 from delivery.testing.smtp_server import SMTPTestServer, free_port
 from scripts.stack import PROCESSES, Stack, with_option
+from tests import factories
 from tests.conftest import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -58,11 +59,6 @@ def chain(settings, *names: str) -> None:  # noqa: ANN001
     close_all()
 
 
-def queued(to: str = "ann@example.com", **fields: object) -> Message:
-    defaults = {"subject": "Hi", "text": "hello", "priority": "critical", "status": MessageStatus.QUEUED}
-    return Message.objects.create(to_email=to, **{**defaults, **fields})
-
-
 def requeue(*messages: Message) -> None:
     """What the scheduler does with a due retry: retry_wait → queued."""
     Message.objects.filter(pk__in=[m.pk for m in messages], status="retry_wait").update(status="queued")
@@ -78,11 +74,11 @@ def test_sendgrid_429_pauses_it_for_retry_after_for_every_worker_without_touchin
     # Two real failures first: the breaker's count must stay exactly where they left it.
     sendgrid_server.fail_with(503)
     for n in range(2):
-        assert send_messages([queued(f"down{n}@example.com").pk]).sent == 1  # via smtp
+        assert send_messages([factories.message(f"down{n}@example.com").pk]).sent == 1  # via smtp
     assert breakers.snapshot(circuit_of("sendgrid"))["fail_counter"] == 2
 
     sendgrid_server.fail_with(429, retry_after="45")
-    first = queued("first@example.com")
+    first = factories.message("first@example.com")
     assert send_messages([first.pk]).sent == 1
     first.refresh_from_db()
     assert first.provider == "smtp"
@@ -94,7 +90,7 @@ def test_sendgrid_429_pauses_it_for_retry_after_for_every_worker_without_touchin
     # Another worker process (no in-process state) sees the pause in Redis and skips SendGrid.
     breakers.reset_process_state()
     close_all()
-    later = [queued(f"later{n}@example.com") for n in range(3)]
+    later = [factories.message(f"later{n}@example.com") for n in range(3)]
     assert send_messages([m.pk for m in later]).sent == 3
     assert sendgrid_server.refused_count == 3  # no request reached SendGrid during the pause
     assert sendgrid_server.delivered == []
@@ -113,7 +109,7 @@ def test_every_provider_rate_limited_waits_for_the_pause_and_keeps_its_attempt(
 ) -> None:
     chain(settings, "sendgrid")
     sendgrid_server.fail_with(429, retry_after="45")
-    message = queued(attempts=2)
+    message = factories.message(attempts=2)
     before = timezone.now()
     assert send_messages([message.pk]).retrying == 1
     message.refresh_from_db()
@@ -140,7 +136,7 @@ def test_ses_throttling_pauses_it_for_the_default_time(
     settings.EMAILHUB_THROTTLE_DEFAULT_SECONDS = 20
     chain(settings, "ses", "smtp")
     ses_server.fail_with(429)  # TooManyRequestsException, no Retry-After
-    ids = [queued(f"u{n}@example.com").pk for n in range(3)]
+    ids = [factories.message(f"u{n}@example.com").pk for n in range(3)]
     assert send_messages(ids[:1]).sent == 1
     assert send_messages(ids[1:]).sent == 2
     assert ses_server.refused_count == 1
@@ -161,7 +157,11 @@ def test_smtp_rate_limit_reply_pauses_smtp_and_the_batch_fails_over(
 ) -> None:
     chain(settings, "smtp", "sendgrid")
     smtp.reply_for("second@example.com", reply)
-    batch = [queued("first@example.com"), queued("second@example.com"), queued("third@example.com")]
+    batch = [
+        factories.message("first@example.com"),
+        factories.message("second@example.com"),
+        factories.message("third@example.com"),
+    ]
     assert send_messages([m.pk for m in batch]).sent == 3
     # SMTP took the first before it started refusing; that one is not sent again elsewhere.
     providers_used = dict(
@@ -180,7 +180,7 @@ def test_smtp_rate_limit_reply_pauses_smtp_and_the_batch_fails_over(
 def test_a_busy_mailbox_is_not_a_rate_limit(settings, providers: None, smtp: SMTPTestServer) -> None:  # noqa: ANN001
     chain(settings, "smtp")
     smtp.reply_for("busy@example.com", "451 4.3.0 mailbox busy, try again later")
-    busy, fine = queued("busy@example.com"), queued("fine@example.com")
+    busy, fine = factories.message("busy@example.com"), factories.message("fine@example.com")
     send_messages([busy.pk, fine.pk])
     busy.refresh_from_db()
     assert busy.status == "retry_wait" and busy.attempts == 1  # a real attempt, spent
@@ -201,7 +201,7 @@ def test_an_absurd_retry_after_is_capped(
     settings.EMAILHUB_THROTTLE_MAX_SECONDS = 120
     chain(settings, "sendgrid")
     sendgrid_server.fail_with(429, retry_after="86400")
-    send_messages([queued().pk])
+    send_messages([factories.message().pk])
     assert 110 < pause_remaining(circuit_of("sendgrid")) <= 120
 
 
@@ -217,12 +217,12 @@ def test_a_message_finding_every_circuit_open_keeps_its_attempt_and_waits_for_th
     chain(settings, "smtp")
     settings.SMTP_PORT = free_port()  # SMTP down
     close_all()
-    first = queued("first@example.com")
+    first = factories.message("first@example.com")
     send_messages([first.pk])  # tried: fails and opens the circuit
     first.refresh_from_db()
     assert first.attempts == 1 and breakers.snapshot(circuit_of("smtp"))["state"] == "open"
 
-    second = queued("second@example.com")
+    second = factories.message("second@example.com")
     before = timezone.now()
     for _ in range(5):  # five retry cycles against the open circuit
         send_messages([second.pk])
@@ -246,7 +246,7 @@ def test_after_the_circuit_lets_a_probe_through_the_deferred_message_is_sent(
     chain(settings, "smtp")
     settings.SMTP_PORT = free_port()
     close_all()
-    message = queued()
+    message = factories.message()
     send_messages([message.pk])
     for _ in range(3):
         requeue(message)

@@ -19,8 +19,8 @@ from delivery.testing.smtp_server import SMTPTestServer
 from scheduling import reconciler
 from scripts.stack import Stack
 from tests.broker import queued_tasks
-from tests.campaign_data import make_audience, make_campaign
 from tests.conftest import wait_for_status, wait_until
+from tests.factories import make_audience, make_campaign
 
 pytestmark = pytest.mark.processes
 

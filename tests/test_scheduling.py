@@ -19,7 +19,7 @@ from scheduling import reconciler, recurring
 from scheduling.dispatch import dispatch
 from scheduling.models import RecurringSchedule, ScheduleOccurrence
 from tests.broker import queued_tasks
-from tests.campaign_data import make_audience, make_campaign
+from tests.factories import make_audience, make_campaign
 
 
 def utc(text: str) -> datetime:

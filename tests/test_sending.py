@@ -13,17 +13,13 @@ from delivery.providers import close_all
 from delivery.providers.base import Provider
 from delivery.services.sending import retry_delay, send_messages
 from delivery.testing.smtp_server import SMTPTestServer, free_port
+from tests import factories
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def queued(to: str = "ann@example.com", **fields: object) -> Message:
-    defaults = {"subject": "Hi", "text": "hello", "priority": "critical", "status": MessageStatus.QUEUED}
-    return Message.objects.create(to_email=to, **{**defaults, **fields})
-
-
 def test_a_queued_message_is_sent_and_recorded(smtp: SMTPTestServer) -> None:
-    message = queued()
+    message = factories.message()
     report = send_messages([message.pk])
     assert (report.claimed, report.sent) == (1, 1)
     message.refresh_from_db()
@@ -33,7 +29,7 @@ def test_a_queued_message_is_sent_and_recorded(smtp: SMTPTestServer) -> None:
 
 
 def test_a_redelivered_task_sends_nothing_twice(smtp: SMTPTestServer) -> None:
-    message = queued()
+    message = factories.message()
     send_messages([message.pk])
     report = send_messages([message.pk])
     assert report.claimed == 0
@@ -41,7 +37,7 @@ def test_a_redelivered_task_sends_nothing_twice(smtp: SMTPTestServer) -> None:
 
 
 def test_two_workers_racing_for_one_batch_send_each_message_once(smtp: SMTPTestServer) -> None:
-    ids = [queued(f"user{n}@example.com").pk for n in range(30)]
+    ids = [factories.message(f"user{n}@example.com").pk for n in range(30)]
 
     def worker(_: int) -> int:
         try:
@@ -59,8 +55,8 @@ def test_two_workers_racing_for_one_batch_send_each_message_once(smtp: SMTPTestS
 
 
 def test_only_queued_rows_are_claimed(smtp: SMTPTestServer) -> None:
-    cancelled = queued(status=MessageStatus.CANCELLED)
-    scheduled = queued(status=MessageStatus.SCHEDULED, due_at=timezone.now() + timedelta(hours=1))
+    cancelled = factories.message(status=MessageStatus.CANCELLED)
+    scheduled = factories.message(status=MessageStatus.SCHEDULED, due_at=timezone.now() + timedelta(hours=1))
     assert send_messages([cancelled.pk, scheduled.pk]).claimed == 0
     assert smtp.count == 0
 
@@ -70,7 +66,7 @@ def test_template_is_rendered_with_contact_and_request_context(smtp: SMTPTestSer
         name="welcome", subject="Welcome {{ first_name }}", html="<p>{{ plan }}</p>", text="Plan {{ plan }}"
     )
     contact = Contact.objects.create(email="bob@example.com", attributes={"first_name": "Bob"})
-    message = queued("bob@example.com", subject=None, text=None, template=template, contact=contact,
+    message = factories.message("bob@example.com", subject=None, text=None, template=template, contact=contact,
                      context={"plan": "<Pro>"})  # fmt: skip
     send_messages([message.pk])
     parsed = smtp.wait_for(1)[0].parsed()
@@ -83,7 +79,7 @@ def test_suppressed_address_is_not_sent(smtp: SMTPTestServer) -> None:
     Suppression.objects.create(
         email="gone@example.com", reason="manual"
     )  # an unsubscribe would stop campaign mail only
-    message = queued("Gone@Example.com")
+    message = factories.message("Gone@Example.com")
     report = send_messages([message.pk])
     assert report.suppressed == 1
     message.refresh_from_db()
@@ -93,12 +89,12 @@ def test_suppressed_address_is_not_sent(smtp: SMTPTestServer) -> None:
 
 def test_permanent_refusal_fails_the_message_and_suppresses_the_address(smtp: SMTPTestServer) -> None:
     smtp.reply_for("gone@example.com", "550 5.1.1 no such user")
-    first = queued("gone@example.com")
+    first = factories.message("gone@example.com")
     send_messages([first.pk])
     first.refresh_from_db()
     assert first.status == "failed" and "550" in first.last_error
     assert Suppression.objects.get(email="gone@example.com").reason == "bounced"
-    second = queued("gone@example.com")
+    second = factories.message("gone@example.com")
     send_messages([second.pk])
     second.refresh_from_db()
     assert second.status == "suppressed"
@@ -107,7 +103,7 @@ def test_permanent_refusal_fails_the_message_and_suppresses_the_address(smtp: SM
 
 def test_transient_refusal_waits_for_a_retry_with_backoff(smtp: SMTPTestServer) -> None:
     smtp.reply_for("busy@example.com", "451 4.3.0 mailbox busy")
-    message = queued("busy@example.com")
+    message = factories.message("busy@example.com")
     before = timezone.now()
     report = send_messages([message.pk])
     assert report.retrying == 1
@@ -119,7 +115,7 @@ def test_transient_refusal_waits_for_a_retry_with_backoff(smtp: SMTPTestServer) 
 def test_the_last_attempt_fails_for_good(smtp: SMTPTestServer, settings) -> None:  # noqa: ANN001
     settings.EMAILHUB_MAX_ATTEMPTS = 2
     smtp.reply_to_everyone("451 4.3.0 busy")
-    message = queued(attempts=1)
+    message = factories.message(attempts=1)
     send_messages([message.pk])
     message.refresh_from_db()
     assert message.status == "failed" and message.attempts == 2
@@ -130,7 +126,7 @@ def test_unreachable_provider_means_retry_not_loss(smtp: SMTPTestServer, setting
 
     settings.SMTP_PORT = free_port()
     close_all()
-    message = queued()
+    message = factories.message()
     send_messages([message.pk])
     message.refresh_from_db()
     assert message.status == "retry_wait" and "cannot connect" in message.last_error
@@ -145,7 +141,7 @@ def test_backoff_grows_exponentially_with_jitter_and_a_cap(settings) -> None:  #
 
 
 def test_a_message_that_cannot_be_built_fails_without_suppressing_the_address(smtp: SMTPTestServer) -> None:
-    message = queued("zoë@example.com")
+    message = factories.message("zoë@example.com")
     send_messages([message.pk])
     message.refresh_from_db()
     assert message.status == "failed" and "SMTPUTF8" in message.last_error
@@ -158,8 +154,8 @@ def test_a_template_that_no_longer_compiles_fails_its_messages_without_stranding
 ) -> None:
     broken = Template.objects.create(name="broken", subject="ok", text="fine")
     Template.objects.filter(pk=broken.pk).update(text="Hi {{ first name }}")  # saved around validation
-    bad = queued("a@example.com", subject=None, text=None, template=broken)
-    good = queued("b@example.com")
+    bad = factories.message("a@example.com", subject=None, text=None, template=broken)
+    good = factories.message("b@example.com")
     report = send_messages([bad.pk, good.pk])
     assert (report.sent, report.failed) == (1, 1)
     bad.refresh_from_db()
@@ -183,7 +179,7 @@ def test_an_unexpected_provider_error_fails_over_and_records_instead_of_strandin
     ]
     settings.EMAILHUB_PROVIDERS_TRANSACTIONAL = ["buggy"]
     try:
-        message = queued()
+        message = factories.message()
         send_messages([message.pk])
     finally:
         close_all()
@@ -197,6 +193,6 @@ def test_a_rate_limit_without_redis_sends_unmetered(smtp: SMTPTestServer, settin
     settings.EMAILHUB_RATE_LIMITS = {"smtp": 10.0}
     settings.REDIS_URL = "redis://127.0.0.1:1/0"
     breakers.reset_process_state()
-    message = queued()
+    message = factories.message()
     assert send_messages([message.pk]).sent == 1
     assert smtp.wait_for(1)

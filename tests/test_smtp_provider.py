@@ -218,7 +218,7 @@ def test_pipelined_slow_down_mid_batch_keeps_what_was_accepted(smtp: SMTPTestSer
 
 def test_pipelined_batch_through_postfix_smtp_sink() -> None:
     """The sink the benchmarks measure with (Postfix's smtp-sink, which offers PIPELINING)."""
-    from bench.smtp_sink import PostfixSink, SinkUnavailable
+    from bench.lib.smtp_sink import PostfixSink, SinkUnavailable
 
     try:
         sink = PostfixSink()

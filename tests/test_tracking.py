@@ -15,7 +15,7 @@ from django.test.utils import CaptureQueriesContext
 
 from campaigns.models import Campaign, Contact, Template
 from delivery.exceptions import InvalidToken
-from delivery.models import EmailEvent, Message, MessageStatus
+from delivery.models import EmailEvent, Message
 from delivery.services.events import ProviderEvent, record_events
 from delivery.services.sending import send_messages
 from delivery.services.tracking import drain_hits
@@ -24,7 +24,8 @@ from delivery.tracking import hits
 from delivery.tracking.classify import BOT, HUMAN, MACHINE, PROXY, SCANNER, Hit, classify
 from delivery.tracking.links import CONTEXT_CLICKS, CONTEXT_OPENS, TrackedHtml
 from delivery.tracking.tokens import click_token, open_token, read_click_token, read_open_token
-from tests.campaign_data import make_audience, make_campaign
+from tests import factories
+from tests.factories import make_audience, make_campaign
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -40,14 +41,7 @@ def public_url(settings) -> None:  # noqa: ANN001
 
 
 def sent_message(sent_ago: timedelta = timedelta(hours=1)) -> Message:
-    return Message.objects.create(
-        to_email="ann@example.com",
-        subject="Hi",
-        text="hello",
-        priority="high",
-        status=MessageStatus.SENT,
-        sent_at=datetime.now(UTC) - sent_ago,
-    )
+    return factories.sent_message(priority="high", provider=None, sent_at=datetime.now(UTC) - sent_ago)
 
 
 def get(path: str, *, agent: str = BROWSER, ip: str = "203.0.113.7"):  # noqa: ANN201

@@ -12,7 +12,7 @@ from django.core import checks
 from django.test import Client
 
 from campaigns.checks import public_url_https, public_url_wellformed
-from campaigns.models import Campaign, Contact, Suppression, Template
+from campaigns.models import Campaign, Suppression, Template
 from campaigns.unsubscribe import (
     CONTEXT_FLAG,
     ExpiredToken,
@@ -23,7 +23,8 @@ from campaigns.unsubscribe import (
 from delivery.models import EmailEvent, Message, MessageStatus
 from delivery.services.sending import send_messages
 from delivery.testing.smtp_server import SMTPTestServer
-from tests.campaign_data import make_audience, make_campaign
+from tests import factories
+from tests.factories import make_audience, make_campaign
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -44,20 +45,9 @@ def running_campaign(size: int = 1, template: Template | None = None) -> tuple[C
         campaign.template = template
         campaign.save(update_fields=["template"])
     Campaign.objects.filter(pk=campaign.pk).update(status="sending", fanout_done=True, total_count=size)
-    messages = [
-        Message.objects.create(
-            campaign=campaign,
-            contact=contact,
-            template=campaign.template,
-            to_email=contact.email,
-            priority="normal",
-            status=MessageStatus.QUEUED,
-        )
-        for contact in Contact.objects.filter(listmembership__contact_list=campaign.contact_list).order_by(
-            "id"
-        )
-    ]
-    return campaign, messages
+    return campaign, factories.campaign_messages(
+        campaign, template=campaign.template, status=MessageStatus.QUEUED
+    )
 
 
 def sent_link(message: Message, smtp: SMTPTestServer) -> str:

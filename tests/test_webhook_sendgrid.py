@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from django.core.exceptions import ImproperlyConfigured
 from rest_framework.test import APIClient
 
-from campaigns.models import Campaign, Contact, Suppression
+from campaigns.models import Campaign, Suppression
 from delivery.models import EmailEvent, Message
 from delivery.webhooks import ForgedWebhook, WebhookRequest, forget_webhooks
 from delivery.webhooks.sendgrid import (
@@ -26,7 +26,8 @@ from delivery.webhooks.sendgrid import (
     load_public_key,
     verify_signature,
 )
-from tests.campaign_data import make_audience, make_campaign
+from tests import factories
+from tests.factories import make_audience, make_campaign
 from tests.test_webhook_ses import delta, skipped
 
 URL = "/api/v1/webhooks/sendgrid"
@@ -88,19 +89,7 @@ def counts() -> tuple[int, int, list[tuple[int, int, int]]]:
 
 def campaign_messages(n: int) -> list[Message]:
     """`n` sent campaign messages to r1@example.com … (as if SendGrid had accepted them)."""
-    campaign = make_campaign(make_audience(n))
-    contacts = Contact.objects.filter(email__startswith="r").order_by("id")
-    return [
-        Message.objects.create(
-            campaign=campaign,
-            contact=c,
-            to_email=c.email,
-            status="sent",
-            provider="sendgrid",
-            priority="normal",
-        )
-        for c in contacts
-    ]
+    return factories.campaign_messages(make_campaign(make_audience(n)), status="sent", provider="sendgrid")
 
 
 def event(

@@ -22,10 +22,11 @@ from moto.server import ThreadedMotoServer
 from prometheus_client import REGISTRY
 
 from campaigns.models import Suppression
-from delivery.models import EmailEvent, Message, MessageStatus
+from delivery.models import EmailEvent, Message
 from delivery.testing.smtp_server import free_port
 from delivery.testing.sns import OFFICIAL_BASE, TOPIC_ARN, SNSSigner, http_headers, ses_bounce, ses_event
 from delivery.webhooks import forget_webhooks
+from tests import factories
 
 URL = "/api/v1/webhooks/ses"
 
@@ -75,9 +76,7 @@ def post(envelope: dict[str, Any] | bytes, *, message_type: str | None = None) -
 
 
 def sent_message(address: str, ses_id: str) -> Message:
-    return Message.objects.create(
-        to_email=address, status=MessageStatus.SENT, provider="ses", provider_message_id=ses_id, subject="hi"
-    )
+    return factories.sent_message(address, provider_message_id=ses_id, subject="hi", text=None)
 
 
 def nothing_written() -> bool:

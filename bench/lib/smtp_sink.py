@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Self
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 POSTFIX_DIR = ROOT / "bench" / ".cache" / "postfix"
 SMTP_SINK = POSTFIX_DIR / "usr" / "sbin" / "smtp-sink"
 POSTFIX_LIBS = POSTFIX_DIR / "usr" / "lib" / "postfix"

@@ -1,0 +1,242 @@
+"""The statements the hot paths send to PostgreSQL, pinned exactly, and the same at any size.
+
+docs/performance.md and docs/architecture.md promise what each hot path costs in round trips:
+one statement for an accepted message and its outbox row plus the DELETE, one claim per batch,
+one UPDATE per outcome, a fan-out step of set-based SQL. Each test below captures the statements
+of one call (Django's CaptureQueriesContext, which also sees BEGIN, SAVEPOINT and COMMIT), pins
+their shapes, and runs the call at a small and a large size: a statement per row or per
+recipient would show as a longer list. `transaction=True`: the paths commit for real, and what
+they send after commit (the outbox's publish and DELETE) is part of the cost.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from rest_framework.test import APIClient
+
+from campaigns import fanout
+from campaigns.selectors import AUDIENCE_TABLES
+from core import statistics
+from delivery.models import Message
+from delivery.providers import locmem
+from delivery.services.sending import send_messages
+from delivery.services.transitions import claim
+from tests import factories
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def shape(sql: str) -> str:
+    """A statement in a few words: the tables it writes, else the table (or function) it reads,
+    else its first word (BEGIN, COMMIT, SAVEPOINT, RELEASE)."""
+    sql = " ".join(sql.replace('"', "").split())
+    writes = re.findall(r"(?<!FOR )\b(INSERT INTO|UPDATE|DELETE FROM) (\w+)", sql)
+    if writes:
+        return " + ".join(f"{verb} {table}" for verb, table in writes)
+    if sql.startswith("SELECT"):
+        table = re.search(r"\bFROM (\w+)", sql)
+        return f"SELECT FROM {table[1]}" if table else sql.split("(")[0]
+    return sql.split()[0]
+
+
+def statements(call: Callable[[], Any]) -> list[str]:
+    """The shapes of the statements `call` sends on this thread's connection, in order."""
+    with CaptureQueriesContext(connection) as captured:
+        call()
+    return [shape(query["sql"]) for query in captured.captured_queries]
+
+
+# --- accepting messages (POST /api/v1/messages, /api/v1/messages/batch) ---------------------------
+
+ACCEPT_ONE = [
+    # core.outbox.insert_with_event: the message row and its outbox row in one statement, in
+    # autocommit (no BEGIN or COMMIT), so on_commit publishes right after it.
+    "INSERT INTO delivery_message + INSERT INTO delivery_outboxevent",
+    # The published outbox row deleted (with synchronous_commit off).
+    "DELETE FROM delivery_outboxevent",
+]
+
+ACCEPT_BATCH = [
+    "BEGIN",
+    "INSERT INTO delivery_message",  # every item: one INSERT … SELECT FROM unnest(…)
+    "INSERT INTO delivery_outboxevent",  # every send task (one per 100 normal ids): one INSERT
+    "COMMIT",
+    "DELETE FROM delivery_outboxevent",  # every published task's row: one DELETE
+]
+
+
+def warmed(api: APIClient) -> APIClient:
+    """The API key looked up once: later requests find it in the process's key cache
+    (EMAILHUB_API_KEY_CACHE_SECONDS), as a busy web worker does."""
+    assert api.post("/api/v1/messages", factories.message_body(0), format="json").status_code == 202
+    return api
+
+
+@pytest.mark.usefixtures("fast_paths")
+def test_accepting_one_message_is_one_statement_and_the_outbox_delete(api: APIClient) -> None:
+    """POST /api/v1/messages with the key cached: 2 statements, both fast-path settings. The
+    `WITH inserted AS (INSERT INTO delivery_message …), event AS (INSERT INTO
+    delivery_outboxevent …)` statement in autocommit, then, after the publish, the DELETE of the
+    outbox row (ACCEPT_ONE)."""
+    api = warmed(api)
+
+    def accept() -> None:
+        assert api.post("/api/v1/messages", factories.message_body(1), format="json").status_code == 202
+
+    assert statements(accept) == ACCEPT_ONE
+
+
+@pytest.mark.usefixtures("fast_paths")
+def test_accepting_a_batch_takes_the_same_five_statements_for_10_or_200_messages(api: APIClient) -> None:
+    """POST /api/v1/messages/batch: 5 statements for 10 or 200 `normal` messages (1 or 2 send
+    tasks). BEGIN, one INSERT … SELECT FROM unnest for every row, one INSERT of the outbox rows,
+    COMMIT, one DELETE of the published rows (ACCEPT_BATCH)."""
+    api = warmed(api)
+
+    def accept(size: int) -> list[str]:
+        items = [factories.message_body(n, priority="normal") for n in range(size)]
+
+        def post() -> None:
+            response = api.post("/api/v1/messages/batch", {"messages": items}, format="json")
+            assert response.status_code == 202 and response.json()["accepted"] == size
+
+        return statements(post)
+
+    assert accept(10) == accept(200) == ACCEPT_BATCH
+
+
+# --- sending a batch: the claim and the record ----------------------------------------------------
+
+
+def test_a_claim_is_one_update_for_1_or_50_messages() -> None:
+    """transitions.claim: 1 statement, the conditional UPDATE … RETURNING, for 1 or 50 ids."""
+
+    def claimed(size: int) -> list[str]:
+        ids = [message.pk for message in factories.messages(size, prefix=f"c{size}-")]
+
+        def claim_all() -> None:
+            assert len(claim(ids)) == size
+
+        return statements(claim_all)
+
+    # UPDATE … SET status='sending' … WHERE id = ANY(ids) AND status='queued' RETURNING …, the
+    # suppression check and the campaign's status folded in.
+    assert claimed(1) == claimed(50) == ["UPDATE delivery_message"]
+
+
+SEND_TRANSACTIONAL = [
+    "UPDATE delivery_message",  # the claim
+    "BEGIN",
+    "UPDATE delivery_message",  # record_outcomes: the sent rows, one UPDATE … FROM unnest(…)
+    "COMMIT",
+]
+
+SEND_CAMPAIGN = [
+    "UPDATE delivery_message",  # the claim (the campaign's status checked in it)
+    "SELECT FROM campaigns_template",  # the template, compiled once for the batch
+    "SELECT FROM campaigns_contact",  # the recipients' contacts, in_bulk
+    "SELECT FROM campaigns_campaign",  # sender and tracking opt-ins of the batch's campaigns
+    "BEGIN",
+    "UPDATE delivery_message",  # record_outcomes: the sent rows
+    "UPDATE campaigns_campaign",  # the counters, moved by the rows that moved
+    "COMMIT",
+]
+
+
+@pytest.fixture
+def locmem_providers(settings) -> None:  # noqa: ANN001
+    settings.EMAILHUB_PROVIDERS_TRANSACTIONAL = ["locmem"]
+    settings.EMAILHUB_PROVIDERS_BULK = ["locmem"]
+    locmem.outbox.clear()
+
+
+def sent(ids: list[int]) -> Callable[[], None]:
+    def send() -> None:
+        assert send_messages(ids).sent == len(ids)
+
+    return send
+
+
+@pytest.mark.usefixtures("locmem_providers")
+def test_recording_a_batch_takes_the_same_statements_for_1_or_40_messages() -> None:
+    """send_messages over the locmem provider, transactional messages: 4 statements for 1 or 40.
+    The claim, then BEGIN, one UPDATE of the sent rows (FROM unnest), COMMIT (SEND_TRANSACTIONAL)."""
+
+    def sending(size: int) -> list[str]:
+        return statements(sent([message.pk for message in factories.messages(size, prefix=f"s{size}-")]))
+
+    assert sending(1) == sending(40) == SEND_TRANSACTIONAL
+    assert len(locmem.outbox) == 41
+
+
+@pytest.mark.usefixtures("locmem_providers")
+def test_a_campaign_batch_takes_the_same_statements_for_1_or_40_messages() -> None:
+    """send_messages of a campaign's messages (fanned out first, not counted): 8 statements for 1
+    or 40. The claim; the template, the contacts and the campaign row read once per batch;
+    BEGIN, the sent rows' UPDATE, the campaign counters' UPDATE, COMMIT (SEND_CAMPAIGN)."""
+
+    def sending(size: int) -> list[str]:
+        campaign = factories.sending_campaign(
+            factories.make_audience(size, name=f"s{size}", prefix=f"s{size}-"), name=f"c{size}"
+        )
+        fanout.fan_out(campaign.pk, step_size=size, max_steps=1)
+        return statements(sent(list(Message.objects.filter(campaign=campaign).values_list("pk", flat=True))))
+
+    assert sending(1) == sending(40) == SEND_CAMPAIGN
+    assert len(locmem.outbox) == 41
+
+
+# --- one fan-out step ------------------------------------------------------------------------------
+
+FANOUT_STEP = [
+    # Once per fan-out, not per step: are the audience tables' statistics current? (They are:
+    # the test analyzed them, so no ANALYZE follows.)
+    "SELECT FROM pg_stat_user_tables",
+    "BEGIN",
+    "SELECT pg_try_advisory_xact_lock",  # the campaign's fan-out lock
+    "SELECT FROM campaigns_campaign",  # still sending, and its cursor
+    "SAVEPOINT",
+    # transitions.materialise_step: the next `step` members become messages, one INSERT … SELECT
+    "INSERT INTO delivery_message",
+    "RELEASE",
+    "INSERT INTO delivery_outboxevent",  # one send task per 100 ids, one INSERT
+    "UPDATE campaigns_campaign",  # the cursor and counters
+    "COMMIT",
+    # The tasks are published, and their outbox rows deleted, by fan-out's publishing thread on
+    # its own connection, while the next step runs.
+]
+
+
+def statistics_current() -> None:
+    """The audience tables analyzed if the rows just generated made them stale, as fan-out would.
+
+    This backend's counts of those rows reach the shared statistics only when it next flushes
+    them (at most once a second, PostgreSQL 15's PGSTAT_MIN_INTERVAL): flushed first, or fan-out's
+    own check could find the tables stale that this one found current."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_force_next_flush()")  # flushed as the statement ends
+    statistics.analyze_stale(AUDIENCE_TABLES)
+
+
+def test_a_fan_out_step_takes_the_same_statements_for_50_or_2000_contacts() -> None:
+    """fan_out(max_steps=1) with a step as large as the list: 10 statements for 50 or 2,000
+    contacts. The statistics check (once per fan-out), BEGIN, the advisory lock, the campaign row,
+    SAVEPOINT, the INSERT … SELECT of the step's messages, RELEASE, the outbox INSERT, the cursor
+    and counters' UPDATE, COMMIT (FANOUT_STEP)."""
+
+    def step(size: int) -> list[str]:
+        campaign = factories.sending_campaign(
+            factories.make_audience(size, name=f"f{size}", prefix=f"f{size}-"), name=f"c{size}"
+        )
+        statistics_current()  # a bulk load's ANALYZE is not the step's cost
+        shapes = statements(lambda: fanout.fan_out(campaign.pk, step_size=size, max_steps=1))
+        assert Message.objects.filter(campaign=campaign).count() == size
+        return shapes
+
+    assert step(50) == step(2000) == FANOUT_STEP
