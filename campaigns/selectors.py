@@ -119,13 +119,6 @@ def audience_size(contact_list_id: int) -> int:
         return int(cursor.fetchone()[0])
 
 
-# Message.context key that marks a transactional message sent with `unsubscribe: true`
-# (campaigns.unsubscribe.CONTEXT_FLAG). Defined here, below unsubscribe, so delivery's state
-# machine can compose it into SQL without importing unsubscribe (which records through
-# delivery's events service, which records first opens through the state machine).
-UNSUBSCRIBE_CONTEXT_FLAG = "emailhub:unsubscribe"
-
-
 # The schedule types whose messages fan-out writes `scheduled`, each due at an instant of its
 # own (a contact's local time, its best hour); immediate and `at` campaigns write `queued` ones.
 DUE_INSTANT_TYPES = ("local_time", "optimized")

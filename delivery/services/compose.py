@@ -27,7 +27,7 @@ from campaigns.unsubscribe import (
 from core.templating import EmailTemplate, TemplateSyntaxError
 from delivery.providers import OutgoingEmail
 from delivery.services.transitions import ClaimedMessage
-from delivery.tracking.links import CONTEXT_CLICKS, CONTEXT_OPENS, TrackedHtml
+from delivery.tracking.links import TrackedHtml
 
 # A template compiled for a batch, by (template id, with the unsubscribe footer), or why not.
 _TemplateKey = tuple[int, bool]
@@ -114,7 +114,7 @@ def _compose_one(m: ClaimedMessage, batch: _Batch) -> OutgoingEmail | str:
     """One message's email, or why it cannot be built."""
     headers: dict[str, str] = {}
     link = None
-    if wants_unsubscribe(m.campaign_id, m.context):
+    if wants_unsubscribe(m.campaign_id, m.list_unsubscribe):
         link = unsubscribe_url(m.id, batch.issued_at)
         headers = list_unsubscribe_headers(link)
     opens, clicks = _tracking(m, batch.tracking)
@@ -176,5 +176,4 @@ def _tracking(m: ClaimedMessage, campaigns: dict[int, tuple[bool, bool]]) -> tup
     """(track opens, track clicks): the campaign's opt-ins, or a transactional message's flags."""
     if m.campaign_id is not None:
         return campaigns.get(m.campaign_id, (False, False))
-    context = m.context if isinstance(m.context, dict) else {}
-    return context.get(CONTEXT_OPENS) is True, context.get(CONTEXT_CLICKS) is True
+    return m.track_opens, m.track_clicks

@@ -35,7 +35,6 @@ from campaigns.selectors import (
     holdout_sql,
     suppressed_sql,
 )
-from campaigns.selectors import UNSUBSCRIBE_CONTEXT_FLAG as CONTEXT_FLAG
 from core.metrics import NO_PROVIDER
 from delivery.services import send_events
 
@@ -54,6 +53,10 @@ NEW_COLUMNS = {
     "html": "text",
     "text": "text",
     "context": "jsonb",
+    "list_unsubscribe": "boolean",
+    "track_opens": "boolean",
+    "track_clicks": "boolean",
+    "test_send_by": "text",
     "priority": "text",
     "status": "text",
     "due_at": "timestamptz",
@@ -332,8 +335,9 @@ def queue_slot(campaign_id: int, due_epoch: int | None) -> list[tuple[int, str]]
 
 # Which messages (alias `m`) are marketing mail, for campaigns.selectors.suppressed_sql: an
 # `unsubscribed` suppression stops these only. Campaign messages, and transactional messages
-# sent with `unsubscribe: true` (they carry an unsubscribe link; the flag is a context key).
-MARKETING_SQL = f"(m.campaign_id IS NOT NULL OR coalesce(m.context ? '{CONTEXT_FLAG}', false))"
+# sent with `unsubscribe: true` (they carry an unsubscribe link: campaigns.unsubscribe's
+# wants_unsubscribe, the same rule in Python).
+MARKETING_SQL = "(m.campaign_id IS NOT NULL OR m.list_unsubscribe)"
 
 # --- queued → sending (the send worker's claim) -------------------------------------------------
 
@@ -353,13 +357,15 @@ UPDATE delivery_message AS m
    -- A campaign's messages go only while it is sending: pause and cancel take effect per batch.
    AND (m.campaign_id IS NULL OR {campaign_status_sql("m.campaign_id")} = 'sending')
 RETURNING m.id, m.campaign_id, m.contact_id, m.template_id, m.to_email, m.from_email, m.reply_to,
-          m.subject, m.html, m.text, m.context, m.priority, m.attempts,
+          m.subject, m.html, m.text, m.context, m.list_unsubscribe, m.track_opens, m.track_clicks,
+          m.priority, m.attempts,
           {suppressed_sql("m.to_email", marketing=MARKETING_SQL)}, m.claimed_at
 """
 
 _CLAIM_COLUMNS = (
     "id", "campaign_id", "contact_id", "template_id", "to_email", "from_email", "reply_to",
-    "subject", "html", "text", "context", "priority", "attempts", "suppressed", "claimed_at",
+    "subject", "html", "text", "context", "list_unsubscribe", "track_opens", "track_clicks",
+    "priority", "attempts", "suppressed", "claimed_at",
 )  # fmt: skip
 
 
@@ -376,6 +382,9 @@ class ClaimedMessage:
     html: str | None
     text: str | None
     context: Any
+    list_unsubscribe: bool
+    track_opens: bool
+    track_clicks: bool
     priority: str
     attempts: int
     suppressed: bool
