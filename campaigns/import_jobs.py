@@ -38,6 +38,7 @@ from campaigns.importing import ImportReport, Position
 from campaigns.models import ContactList, ImportChunk, ImportIssue, ImportJob
 from campaigns.selectors import AUDIENCE_TABLES
 from core import statistics
+from core.sql import literals
 
 logger = logging.getLogger(__name__)
 
@@ -105,11 +106,14 @@ def _chunks_from(job_id: int) -> Callable[[int], Iterator[bytes]]:
     return chunks
 
 
-_CLAIM_SQL = """
+# Statuses as SQL literals from the model's enum (core.sql): `{JOB.PENDING}` is `'pending'`.
+JOB = literals(ImportJob.Status)
+
+_CLAIM_SQL = f"""
 UPDATE campaigns_importjob
-   SET status = 'running', run_token = %s, attempts = attempts + 1, heartbeat_at = now(),
+   SET status = {JOB.RUNNING}, run_token = %s, attempts = attempts + 1, heartbeat_at = now(),
        started_at = COALESCE(started_at, now()), since = COALESCE(since, clock_timestamp()), error = ''
- WHERE id = %s AND status = 'pending'
+ WHERE id = %s AND status = {JOB.PENDING}
 RETURNING attempts
 """
 

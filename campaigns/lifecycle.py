@@ -25,7 +25,11 @@ from core.schedule_index import (
     slot_unit,
     unindex_after_commit,
 )
+from core.sql import literals
 from delivery.services import transitions
+
+# Statuses as SQL literals from the model's enum (core.sql): `{CAMPAIGN.SENDING}` is `'sending'`.
+CAMPAIGN = literals(Campaign.Status)
 
 Status = Campaign.Status
 SUPPORTED_SCHEDULES = {
@@ -245,10 +249,10 @@ def start_campaigns(campaign_ids: list[int]) -> list[int]:
     """Start these scheduled campaigns if they are still scheduled and due (the scheduler calls this)."""
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
-            """
+            f"""
             UPDATE campaigns_campaign
-               SET status = 'sending', started_at = now(), updated_at = now()
-             WHERE id = ANY(%s) AND status = 'scheduled' AND scheduled_at <= now()
+               SET status = {CAMPAIGN.SENDING}, started_at = now(), updated_at = now()
+             WHERE id = ANY(%s) AND status = {CAMPAIGN.SCHEDULED} AND scheduled_at <= now()
             RETURNING id
             """,
             [campaign_ids],

@@ -13,6 +13,12 @@ from collections.abc import Sequence
 
 from django.db import connection
 
+from campaigns.models import Campaign
+from core.sql import literals
+
+# Statuses as SQL literals from the model's enum (core.sql): `{CAMPAIGN.SENDING}` is `'sending'`.
+CAMPAIGN = literals(Campaign.Status)
+
 # Campaign counter per final message status.
 COUNTERS = {
     "sent": "sent_count",
@@ -26,7 +32,7 @@ def _finished(added: str = "0") -> str:
     """The completion rule, as SQL over a campaigns_campaign row: fan-out is done and every
     message is finished (`added` more finished than its counters say so far)."""
     return (
-        "status = 'sending' AND fanout_done"
+        f"status = {CAMPAIGN.SENDING} AND fanout_done"
         " AND sent_count + failed_count + suppressed_count + cancelled_count"
         f" + {added} >= total_count"
     )
@@ -40,7 +46,7 @@ UPDATE campaigns_campaign
        failed_count = failed_count + %(failed)s,
        suppressed_count = suppressed_count + %(suppressed)s,
        cancelled_count = cancelled_count + %(cancelled)s,
-       status = CASE WHEN {_FINISHED_WITH_DONE} THEN 'completed' ELSE status END,
+       status = CASE WHEN {_FINISHED_WITH_DONE} THEN {CAMPAIGN.COMPLETED} ELSE status END,
        completed_at = CASE WHEN {_FINISHED_WITH_DONE} THEN now() ELSE completed_at END,
        updated_at = now()
  WHERE id = %(id)s
@@ -48,7 +54,7 @@ UPDATE campaigns_campaign
 
 _COMPLETE_SQL = f"""
 UPDATE campaigns_campaign
-   SET status = 'completed', completed_at = now(), updated_at = now()
+   SET status = {CAMPAIGN.COMPLETED}, completed_at = now(), updated_at = now()
  WHERE id = ANY(%s) AND {_finished()}
 RETURNING id
 """

@@ -15,6 +15,13 @@ from datetime import datetime
 
 from django.db import connection
 
+from campaigns.models import Campaign, Contact
+from core.sql import literals
+
+# Statuses as SQL literals from the models' enums (core.sql): `{CONTACT.ACTIVE}` is `'active'`.
+CAMPAIGN = literals(Campaign.Status)
+CONTACT = literals(Contact.Status)
+
 # The tables a step joins (below), whose planner statistics must be current when fan-out starts,
 # and which an import fills in bulk (core/statistics.py).
 AUDIENCE_TABLES = ("campaigns_contact", "campaigns_listmembership")
@@ -24,7 +31,7 @@ AUDIENCE_TABLES = ("campaigns_contact", "campaigns_listmembership")
 # active and not suppressed. Two CTEs, `members` (every member looked at: the cursor moves past
 # all of them) and `audience` (contact id, email, timezone); `audience` is referenced once, so
 # PostgreSQL inlines it and the plan is that of one INSERT … SELECT over the join.
-AUDIENCE_STEP_CTES = """
+AUDIENCE_STEP_CTES = f"""
 members AS (
     SELECT lm.contact_id
       FROM campaigns_listmembership AS lm
@@ -35,7 +42,7 @@ members AS (
     SELECT c.id, c.email, c.timezone
       FROM members
       JOIN campaigns_contact AS c ON c.id = members.contact_id
-     WHERE c.status = 'active'
+     WHERE c.status = {CONTACT.ACTIVE}
        -- The step's contact-id range, said to the planner: without it the merge join walked the
        -- contacts' primary key from the table's first id up to the step's, every step (1,020,001
        -- index entries for a step of 20,000 members in bench/fanout.py's EXPLAIN): quadratic in
@@ -108,22 +115,15 @@ def audience_size(contact_list_id: int) -> int:
     """What fan-out would create now: the list's active members whose address is not suppressed."""
     with connection.cursor() as cursor:
         cursor.execute(
-            """
+            f"""
             SELECT count(*) FROM campaigns_listmembership AS lm
               JOIN campaigns_contact AS c ON c.id = lm.contact_id
-             WHERE lm.contact_list_id = %s AND c.status = 'active'
+             WHERE lm.contact_list_id = %s AND c.status = {CONTACT.ACTIVE}
                AND NOT EXISTS (SELECT 1 FROM campaigns_suppression AS s WHERE s.email = c.email)
             """,
             [contact_list_id],
         )
         return int(cursor.fetchone()[0])
-
-
-# Message.context key that marks a transactional message sent with `unsubscribe: true`
-# (campaigns.unsubscribe.CONTEXT_FLAG). Defined here, below unsubscribe, so delivery's state
-# machine can compose it into SQL without importing unsubscribe (which records through
-# delivery's events service, which records first opens through the state machine).
-UNSUBSCRIBE_CONTEXT_FLAG = "emailhub:unsubscribe"
 
 
 # The schedule types whose messages fan-out writes `scheduled`, each due at an instant of its
@@ -168,12 +168,12 @@ def campaigns_in_flight() -> tuple[datetime, list[dict[str, object]]]:
     counters (for the admin's dashboard). One query on the small campaigns table."""
     with connection.cursor() as cursor:
         cursor.execute(
-            """
+            f"""
             SELECT now(), c.id, c.name, c.status, c.priority, c.schedule_type, c.total_count,
                    c.sent_count, c.failed_count, c.suppressed_count, c.cancelled_count,
                    c.fanout_done, c.started_at, c.scheduled_at
               FROM campaigns_campaign AS c
-             WHERE c.status IN ('scheduled', 'sending', 'paused') AND c.archived_at IS NULL
+             WHERE c.status IN ({CAMPAIGN.SCHEDULED}, {CAMPAIGN.SENDING}, {CAMPAIGN.PAUSED}) AND c.archived_at IS NULL
              ORDER BY c.id
             """
         )

@@ -34,16 +34,11 @@ from urllib.parse import quote
 
 from django.conf import settings
 
-from campaigns.selectors import UNSUBSCRIBE_CONTEXT_FLAG
 from core import signing
 from core.templating import EmailTemplate
 
 # The template variable the send path fills with this message's link.
 URL_VARIABLE = "unsubscribe_url"
-# Message.context key that marks a transactional message sent with `unsubscribe: true` (the API
-# flag). A template path is letters, digits, _ and dots, so no template can read or collide
-# with it, and the claim can test it in SQL (`context ? 'emailhub:unsubscribe'`).
-CONTEXT_FLAG = UNSUBSCRIBE_CONTEXT_FLAG
 
 ONE_CLICK = "List-Unsubscribe=One-Click"
 
@@ -107,9 +102,10 @@ def list_unsubscribe_headers(url: str) -> dict[str, str]:
     return {"List-Unsubscribe": ", ".join(uris), "List-Unsubscribe-Post": ONE_CLICK}
 
 
-def wants_unsubscribe(campaign_id: int | None, context: object) -> bool:
-    """Every campaign message carries the link; a transactional one when it asked for it."""
-    return campaign_id is not None or (isinstance(context, dict) and context.get(CONTEXT_FLAG) is True)
+def wants_unsubscribe(campaign_id: int | None, list_unsubscribe: bool) -> bool:
+    """Every campaign message carries the link; a transactional one when it asked for it
+    (`Message.list_unsubscribe`; the same rule in SQL: delivery's `transitions.MARKETING_SQL`)."""
+    return campaign_id is not None or list_unsubscribe
 
 
 HTML_FOOTER = (

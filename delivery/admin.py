@@ -19,7 +19,7 @@ from delivery.models import ApiKey, ApiKeyScope, EmailEvent, Message
 from delivery.selectors import feedback_rates_by_provider, provider_chains, provider_health
 from delivery.services import operator
 from delivery.services.operator import OperatorReport
-from delivery.services.test_sends import TEST_SEND_FLAG
+from delivery.services.test_sends import is_test_send
 
 
 def _report(modeladmin: admin.ModelAdmin, request: HttpRequest, verb: str, report: OperatorReport) -> None:
@@ -107,9 +107,9 @@ class TestSendFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
         if self.value() == "yes":
-            return queryset.filter(context__has_key=TEST_SEND_FLAG)
+            return queryset.filter(test_send_by__isnull=False)
         if self.value() == "no":
-            return queryset.exclude(context__has_key=TEST_SEND_FLAG)
+            return queryset.filter(test_send_by__isnull=True)
         return queryset
 
 
@@ -136,11 +136,7 @@ class MessageAdmin(ReadOnlyAdmin):
     @admin.display(description="campaign")
     def campaign_link(self, message: Message) -> str:
         if message.campaign_id is None:
-            return (
-                "test send"
-                if isinstance(message.context, dict) and TEST_SEND_FLAG in message.context
-                else "—"
-            )
+            return "test send" if is_test_send(message) else "—"
         url = reverse("admin:campaigns_campaign_change", args=[message.campaign_id])
         return format_html('<a href="{}">{}</a>', url, message.campaign_id)
 

@@ -98,6 +98,17 @@ class Message(models.Model):
     html = models.TextField(null=True, blank=True)
     text = models.TextField(null=True, blank=True)
     context = models.JSONField(null=True, blank=True)
+    # What a transactional message asked for (the API's flags; a campaign's messages carry an
+    # unsubscribe link always and take tracking from their campaign). Columns, not keys of the
+    # user's `context`; database defaults, so fan-out's INSERT … SELECT names none of them.
+    # One-click unsubscribe link and List-Unsubscribe headers: marketing mail, which an
+    # `unsubscribed` suppression then stops too.
+    list_unsubscribe = models.BooleanField(default=False, db_default=False)
+    track_opens = models.BooleanField(default=False, db_default=False)
+    track_clicks = models.BooleanField(default=False, db_default=False)
+    # An operator's test send from the admin's template page: their user name ("" when unknown);
+    # NULL for every other message.
+    test_send_by = models.CharField(max_length=150, null=True, blank=True)
 
     priority = models.CharField(max_length=8, choices=Priority.choices, default=Priority.NORMAL)
     status = models.CharField(

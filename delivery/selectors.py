@@ -12,9 +12,10 @@ from django.db import connection
 from django.db.models import QuerySet
 
 from campaigns.selectors import campaign_status_sql, holdout_sql, suppressed_sql
+from core.sql import literals
 from delivery.breakers import CircuitSeen, circuit_key, circuits_seen, snapshot
 from delivery.exceptions import ProviderConfigurationError
-from delivery.models import ApiKey, EmailEvent, Message
+from delivery.models import ApiKey, EmailEvent, Message, MessageStatus
 from delivery.permissions import can_manage
 from delivery.providers import get_provider
 from delivery.ratelimit import bucket_for
@@ -22,6 +23,8 @@ from delivery.services.gateway import BULK, TRANSACTIONAL
 from delivery.services.sending import provider_chain
 from delivery.services.transitions import MARKETING_SQL
 
+# Statuses as SQL literals from the model's enum (core.sql): `{MSG.SENT}` is `'sent'`.
+MSG = literals(MessageStatus)
 CIRCUIT_STATES = {"closed": 0, "half-open": 1, "open": 2}
 
 
@@ -131,12 +134,12 @@ def pending_message_units() -> list[tuple[str, float]]:
     per local-time slot that still has scheduled messages."""
     with connection.cursor() as cursor:
         cursor.execute(
-            """
+            f"""
             SELECT 'm:' || id, extract(epoch FROM due_at) FROM delivery_message
-             WHERE status IN ('scheduled', 'retry_wait') AND (campaign_id IS NULL OR status = 'retry_wait')
+             WHERE status IN ({MSG.SCHEDULED}, {MSG.RETRY_WAIT}) AND (campaign_id IS NULL OR status = {MSG.RETRY_WAIT})
             UNION ALL
             SELECT 'c:' || campaign_id || ':' || extract(epoch FROM due_at)::bigint, extract(epoch FROM due_at)
-              FROM delivery_message WHERE status = 'scheduled' AND campaign_id IS NOT NULL
+              FROM delivery_message WHERE status = {MSG.SCHEDULED} AND campaign_id IS NOT NULL
              GROUP BY campaign_id, due_at
             """
         )
@@ -156,12 +159,12 @@ def next_sends(campaign_ids: Sequence[int]) -> dict[int, datetime]:
         return {}
     with connection.cursor() as cursor:
         cursor.execute(
-            """
+            f"""
             SELECT c.id, n.due_at
               FROM unnest(%s::bigint[]) AS c(id)
              CROSS JOIN LATERAL (
                    SELECT m.due_at FROM delivery_message AS m
-                    WHERE m.campaign_id = c.id AND m.status IN ('scheduled', 'retry_wait')
+                    WHERE m.campaign_id = c.id AND m.status IN ({MSG.SCHEDULED}, {MSG.RETRY_WAIT})
                     ORDER BY m.due_at
                     LIMIT 1
              ) AS n
@@ -179,13 +182,13 @@ def pending_and_sending_by_priority() -> dict[str, tuple[int, int]]:
     sequential scan of delivery_message; see docs/scheduling.md for the measured cost."""
     with connection.cursor() as cursor:
         cursor.execute(
-            """
+            f"""
             SELECT priority,
-                   count(*) FILTER (WHERE status = 'queued'
-                                       OR (status IN ('scheduled', 'retry_wait') AND due_at <= now())),
-                   count(*) FILTER (WHERE status = 'sending')
+                   count(*) FILTER (WHERE status = {MSG.QUEUED}
+                                       OR (status IN ({MSG.SCHEDULED}, {MSG.RETRY_WAIT}) AND due_at <= now())),
+                   count(*) FILTER (WHERE status = {MSG.SENDING})
               FROM delivery_message
-             WHERE status IN ('queued', 'scheduled', 'retry_wait', 'sending')
+             WHERE status IN ({MSG.QUEUED}, {MSG.SCHEDULED}, {MSG.RETRY_WAIT}, {MSG.SENDING})
              GROUP BY priority
             """
         )
@@ -230,7 +233,7 @@ def feedback_rates_by_provider(days: int = 30) -> dict[str, Any]:
     """
     with connection.cursor() as cursor:
         cursor.execute(
-            """
+            f"""
             SELECT m.provider, count(*),
                    count(*) FILTER (WHERE EXISTS (
                        SELECT 1 FROM delivery_emailevent AS e WHERE e.message_id = m.id
@@ -239,7 +242,7 @@ def feedback_rates_by_provider(days: int = 30) -> dict[str, Any]:
                        SELECT 1 FROM delivery_emailevent AS e WHERE e.message_id = m.id
                           AND e.kind = 'complained'))
               FROM delivery_message AS m
-             WHERE m.status = 'sent' AND m.sent_at >= now() - make_interval(days => %s)
+             WHERE m.status = {MSG.SENT} AND m.sent_at >= now() - make_interval(days => %s)
              GROUP BY m.provider ORDER BY m.provider
             """,
             [days],
@@ -333,10 +336,10 @@ def campaign_engagement_groups(campaign_id: int, holdout_percent: int) -> dict[b
         cursor.execute(
             f"""
             SELECT {holdout_sql("m.campaign_id", "m.contact_id", "%(holdout)s")} AS holdout,
-                   count(*) FILTER (WHERE m.status = 'sent'),
-                   count(*) FILTER (WHERE m.status = 'sent'
+                   count(*) FILTER (WHERE m.status = {MSG.SENT}),
+                   count(*) FILTER (WHERE m.status = {MSG.SENT}
                                       AND (m.first_opened_at IS NOT NULL OR m.first_clicked_at IS NOT NULL)),
-                   count(*) FILTER (WHERE m.status = 'sent' AND m.first_clicked_at IS NOT NULL)
+                   count(*) FILTER (WHERE m.status = {MSG.SENT} AND m.first_clicked_at IS NOT NULL)
               FROM delivery_message AS m
              WHERE m.campaign_id = %(campaign)s
              GROUP BY 1
@@ -380,12 +383,12 @@ def recent_failures(limit: int = 10, scan: int = RECENT_SCAN) -> list[dict[str, 
     last error."""
     with connection.cursor() as cursor:
         cursor.execute(
-            """
+            f"""
             SELECT m.id, m.to_email, m.priority, m.provider, m.attempts, m.last_error, m.campaign_id,
                    COALESCE(m.claimed_at, m.queued_at, m.created_at)
               FROM delivery_message AS m
              WHERE m.id > (SELECT COALESCE(max(id), 0) FROM delivery_message) - %s
-               AND m.status = 'failed'
+               AND m.status = {MSG.FAILED}
              ORDER BY m.id DESC
              LIMIT %s
             """,

@@ -30,7 +30,6 @@ from core.models import OutboxEvent
 from core.operator_zone import TIMEZONE_COOKIE
 from delivery.models import EmailEvent, Message
 from delivery.services.sending import send_messages
-from delivery.services.test_sends import TEST_SEND_FLAG
 from delivery.testing.smtp_server import SMTPTestServer
 from tests import factories
 
@@ -560,7 +559,8 @@ def test_a_test_send_is_a_marked_transactional_message_sent_through_the_pipeline
     assert (message.to_email, message.priority, message.template, message.campaign_id) == (
         "qa@example.com", "critical", template, None,
     )  # fmt: skip
-    assert message.context[TEST_SEND_FLAG] == "admin" and message.context["first"] == "Ann"
+    assert message.test_send_by == "admin" and message.context["first"] == "Ann"
+    assert "emailhub:test_send" not in message.context
     assert message.status == "queued"
 
     assert send_messages([message.pk]).sent == 1  # what the critical worker does with its task
@@ -610,9 +610,9 @@ def test_a_test_send_needs_the_add_message_permission(client: Client, template: 
 
 
 def test_an_api_client_cannot_mark_its_message_as_an_admin_test_send(api: APIClient) -> None:
-    body = {"to": "a@example.com", "subject": "s", "text": "t", "context": {TEST_SEND_FLAG: "me"}}
+    body = {"to": "a@example.com", "subject": "s", "text": "t", "context": {"emailhub:test_send": "me"}}
     response = api.post("/api/v1/messages", body, format="json")
-    assert response.status_code == 400 and TEST_SEND_FLAG in response.content.decode()
+    assert response.status_code == 400 and "emailhub:test_send" in response.content.decode()
     assert not Message.objects.exists()
 
 

@@ -63,6 +63,42 @@ def test_bad_input_is_a_400_naming_the_field_and_writes_nothing(
     assert OutboxEvent.objects.count() == 0
 
 
+@pytest.mark.parametrize(
+    ("key", "says"),
+    [
+        ("emailhub:unsubscribe", "'emailhub:unsubscribe' is reserved; use the unsubscribe field"),
+        ("emailhub:track_opens", "'emailhub:track_opens' is reserved; use the track_opens field"),
+        ("emailhub:track_clicks", "'emailhub:track_clicks' is reserved; use the track_clicks field"),
+        ("emailhub:test_send", "'emailhub:test_send' is reserved for the admin's test sends"),
+    ],
+)
+def test_a_context_key_that_once_carried_a_flag_is_still_refused(api: APIClient, key: str, says: str) -> None:
+    response = post(api, {**VALID, "context": {"a": 1, key: True}})
+    assert response.status_code == 400
+    assert response.json()["error"]["fields"] == {"context": [says]}
+    assert Message.objects.count() == 0
+
+
+@pytest.mark.parametrize("batch", [False, True])
+def test_the_api_flags_are_stored_as_columns_and_the_context_is_the_clients_own(
+    api: APIClient, batch: bool
+) -> None:
+    body = {**VALID, "unsubscribe": True, "track_clicks": True}
+    plain = {**VALID, "context": {"a": 1}}
+    if batch:
+        response = api.post("/api/v1/messages/batch", {"messages": [body, plain]}, format="json")
+        ids = [result["id"] for result in response.json()["results"]]
+    else:
+        ids = [post(api, body).json()["id"], post(api, plain).json()["id"]]
+    flags = {
+        pk: rest
+        for pk, *rest in Message.objects.values_list(
+            "pk", "list_unsubscribe", "track_opens", "track_clicks", "test_send_by", "context"
+        )
+    }
+    assert flags == {ids[0]: [True, False, True, None, None], ids[1]: [False, False, False, None, {"a": 1}]}
+
+
 def test_malformed_json_is_a_400(api: APIClient) -> None:
     response = api.post("/api/v1/messages", "{not json", content_type="application/json")
     assert response.status_code == 400

@@ -22,7 +22,7 @@ from delivery.services.tracking import drain_hits
 from delivery.testing.smtp_server import SMTPTestServer
 from delivery.tracking import hits
 from delivery.tracking.classify import BOT, HUMAN, MACHINE, PROXY, SCANNER, Hit, classify
-from delivery.tracking.links import CONTEXT_CLICKS, CONTEXT_OPENS, TrackedHtml
+from delivery.tracking.links import TrackedHtml
 from delivery.tracking.tokens import click_token, open_token, read_click_token, read_open_token
 from tests import factories
 from tests.factories import make_audience, make_campaign
@@ -355,13 +355,13 @@ def test_transactional_tracking_flags_and_their_reserved_keys(api, smtp: SMTPTes
     )
     assert response.status_code in (201, 202), response.content
     message = Message.objects.get(pk=response.json()["id"])
-    assert message.context == {CONTEXT_CLICKS: True}
+    assert (message.track_opens, message.track_clicks, message.context) == (False, True, None)
     send_messages([message.pk])
     html = smtp.wait_for(1)[0].parsed().get_body(("html",)).get_content()
     assert [k for k, _ in TRACKED.findall(html)] == ["c"]  # clicks only, no pixel
     refused = api.post(
         "/api/v1/messages",
-        {"to": "bo@example.com", "subject": "x", "text": "y", "context": {CONTEXT_OPENS: True}},
+        {"to": "bo@example.com", "subject": "x", "text": "y", "context": {"emailhub:track_opens": True}},
         format="json",
     )
     assert refused.status_code == 400

@@ -13,13 +13,7 @@ from django.test import Client
 
 from campaigns.checks import public_url_https, public_url_wellformed
 from campaigns.models import Campaign, Suppression, Template
-from campaigns.unsubscribe import (
-    CONTEXT_FLAG,
-    ExpiredToken,
-    InvalidToken,
-    make_token,
-    read_token,
-)
+from campaigns.unsubscribe import ExpiredToken, InvalidToken, make_token, read_token
 from delivery.models import EmailEvent, Message, MessageStatus
 from delivery.services.sending import send_messages
 from delivery.testing.smtp_server import SMTPTestServer
@@ -151,7 +145,7 @@ def test_api_flag_gives_a_transactional_message_the_headers(api, smtp: SMTPTestS
     )
     assert response.status_code == 202, response.content
     message = Message.objects.get(pk=response.json()["id"])
-    assert message.context == {"a": 1, CONTEXT_FLAG: True}
+    assert message.list_unsubscribe and message.context == {"a": 1}  # the flag is no context key
     send_messages([message.pk])
     parsed = smtp.wait_for(1)[0].parsed()
     token = re.fullmatch(r"<https://mail\.example\.com/u/(.+)>", parsed["List-Unsubscribe"]).group(1)
@@ -162,10 +156,13 @@ def test_api_flag_gives_a_transactional_message_the_headers(api, smtp: SMTPTestS
 def test_api_refuses_the_reserved_context_key(api) -> None:  # noqa: ANN001
     response = api.post(
         "/api/v1/messages",
-        {"to": "ann@example.com", "subject": "x", "text": "y", "context": {CONTEXT_FLAG: True}},
+        {"to": "ann@example.com", "subject": "x", "text": "y", "context": {"emailhub:unsubscribe": True}},
         format="json",
     )
     assert response.status_code == 400
+    assert response.json()["error"]["fields"]["context"] == [
+        "'emailhub:unsubscribe' is reserved; use the unsubscribe field"
+    ]
     assert Message.objects.count() == 0
 
 
@@ -279,7 +276,7 @@ def test_unsubscribe_stops_campaign_mail_but_not_transactional_mail(smtp: SMTPTe
     reset = Message.objects.create(to_email=address, subject="Reset", text="code", priority="critical")
     # A transactional newsletter that asked for an unsubscribe link is marketing: stopped.
     digest = Message.objects.create(
-        to_email=address, subject="Digest", text="news", priority="high", context={CONTEXT_FLAG: True}
+        to_email=address, subject="Digest", text="news", priority="high", list_unsubscribe=True
     )
     send_messages([queued.pk])
     send_messages([reset.pk])

@@ -13,12 +13,10 @@ from django.db import transaction
 from django.utils import timezone
 
 from campaigns.models import Template
-from campaigns.unsubscribe import CONTEXT_FLAG
 from core.schedule_index import index_after_commit, message_unit
 from delivery.exceptions import BatchConflict, IdempotencyConflict
 from delivery.models import ApiKey, Message, MessageStatus
 from delivery.services import send_events, transitions
-from delivery.tracking.links import CONTEXT_CLICKS, CONTEXT_OPENS
 
 
 @dataclass(frozen=True)
@@ -36,9 +34,11 @@ class NewMessage:
     # Carry a one-click unsubscribe link (List-Unsubscribe headers, {{ unsubscribe_url }}), as
     # campaign messages do; an `unsubscribed` suppression then stops this message too.
     unsubscribe: bool = False
-    # Open pixel and tracked links (delivery/tracking/), flags in the context like unsubscribe.
+    # Open pixel and tracked links (delivery/tracking/).
     track_opens: bool = False
     track_clicks: bool = False
+    # An operator's test send (delivery.services.test_sends): their user name.
+    test_send_by: str | None = None
 
 
 def request_fingerprint(body: Any) -> str:
@@ -94,15 +94,6 @@ def _columns(
 ) -> dict[str, Any]:
     """The column values of `new`'s row, but its api_key and template (transitions.NEW_COLUMNS)."""
     scheduled = new.send_at is not None and new.send_at > now
-    # No column for the flag: it rides in the context under a key no template can name.
-    context = {**(new.context or {}), CONTEXT_FLAG: True} if new.unsubscribe else new.context
-    flags = {
-        flag: True
-        for flag, wanted in ((CONTEXT_OPENS, new.track_opens), (CONTEXT_CLICKS, new.track_clicks))
-        if wanted
-    }
-    if flags:
-        context = {**(context or {}), **flags}
     return {
         "to_email": new.to,
         "from_email": new.from_email or settings.EMAILHUB_DEFAULT_FROM,
@@ -110,7 +101,11 @@ def _columns(
         "subject": new.subject,
         "html": new.html,
         "text": new.text,
-        "context": context or None,
+        "context": new.context or None,
+        "list_unsubscribe": new.unsubscribe,
+        "track_opens": new.track_opens,
+        "track_clicks": new.track_clicks,
+        "test_send_by": new.test_send_by,
         "priority": new.priority,
         "status": MessageStatus.SCHEDULED if scheduled else MessageStatus.QUEUED,
         "due_at": new.send_at if scheduled else None,

@@ -3,14 +3,12 @@
 The admin's template page calls this. The message is accepted exactly as `POST /api/v1/messages`
 accepts one (`messages.accept_message`: one transaction, outbox, published after commit), at
 `critical` or `high` priority, and rendered by the worker with the chosen contact's variables, so
-what arrives is what a campaign would send that contact. It is marked as a test by a context
-key no template can name (`TEST_SEND_FLAG`, holding the operator's user name), which the admin's
-message list filters on; nothing else treats it differently (suppressions apply as to any send).
+what arrives is what a campaign would send that contact. It is marked as a test by its
+`test_send_by` column (the operator's user name), which the admin's message list filters on;
+nothing else treats it differently (suppressions apply as to any send).
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.validators import validate_email
@@ -21,7 +19,6 @@ from delivery.exceptions import InvalidTestSend
 from delivery.models import Message
 from delivery.services.messages import NewMessage, accept_message
 
-TEST_SEND_FLAG = "emailhub:test_send"
 TEST_SEND_PRIORITIES = (Priority.CRITICAL, Priority.HIGH)
 
 
@@ -52,13 +49,18 @@ def send_test(
     address = check_recipient(to)
     if priority not in TEST_SEND_PRIORITIES:
         raise InvalidTestSend({"priority": f"a test send is critical or high, not {priority!r}"})
-    context: dict[str, Any] = {**contact_context(contact), TEST_SEND_FLAG: operator or True}
     message, _ = accept_message(
-        NewMessage(to=address, priority=priority, template=template, context=context),
+        NewMessage(
+            to=address,
+            priority=priority,
+            template=template,
+            context=contact_context(contact),
+            test_send_by=operator,
+        ),
         api_key=None,
     )
     return message
 
 
 def is_test_send(message: Message) -> bool:
-    return isinstance(message.context, dict) and TEST_SEND_FLAG in message.context
+    return message.test_send_by is not None

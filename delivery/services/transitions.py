@@ -27,6 +27,7 @@ from typing import Any
 
 from django.db import IntegrityError, connection, transaction
 
+from campaigns.models import Campaign
 from campaigns.selectors import (
     AUDIENCE_STEP_CTES,
     WindowPlan,
@@ -35,11 +36,18 @@ from campaigns.selectors import (
     holdout_sql,
     suppressed_sql,
 )
-from campaigns.selectors import UNSUBSCRIBE_CONTEXT_FLAG as CONTEXT_FLAG
 from core.metrics import NO_PROVIDER
+from core.sql import literals
+from delivery.models import MessageStatus
 from delivery.services import send_events
 
 logger = logging.getLogger(__name__)
+
+# The statuses the statements below name, as SQL literals from the models' enums (core.sql):
+# `{MSG.QUEUED}` is `'queued'`. Formatted into the statements' text rather than passed as
+# parameters: PostgreSQL receives the same statements as when they were written out by hand.
+MSG = literals(MessageStatus)
+CAMPAIGN = literals(Campaign.Status)
 
 # --- accept -------------------------------------------------------------------------------------
 
@@ -54,6 +62,10 @@ NEW_COLUMNS = {
     "html": "text",
     "text": "text",
     "context": "jsonb",
+    "list_unsubscribe": "boolean",
+    "track_opens": "boolean",
+    "track_clicks": "boolean",
+    "test_send_by": "text",
     "priority": "text",
     "status": "text",
     "due_at": "timestamptz",
@@ -149,7 +161,7 @@ _NOT_YET = """NOT EXISTS (
 _STEP_SQL = f"""
 WITH {AUDIENCE_STEP_CTES}, created AS (
     INSERT INTO delivery_message (campaign_id, contact_id, template_id, to_email, priority, status, queued_at)
-    SELECT %(campaign_id)s, a.id, %(template_id)s, a.email, %(priority)s, 'queued', now()
+    SELECT %(campaign_id)s, a.id, %(template_id)s, a.email, %(priority)s, {MSG.QUEUED}, now()
       FROM audience AS a
      WHERE {_NOT_YET}
      ORDER BY a.id
@@ -167,7 +179,7 @@ WITH {AUDIENCE_STEP_CTES}, zones AS (
     SELECT * FROM unnest(%(zones)s::text[], %(dues)s::timestamptz[]) AS z(name, due)
 ), created AS (
     INSERT INTO delivery_message (campaign_id, contact_id, template_id, to_email, priority, status, due_at)
-    SELECT %(campaign_id)s, a.id, %(template_id)s, a.email, %(priority)s, 'scheduled', zones.due
+    SELECT %(campaign_id)s, a.id, %(template_id)s, a.email, %(priority)s, {MSG.SCHEDULED}, zones.due
       FROM audience AS a
       JOIN zones ON zones.name = a.timezone
      WHERE {_NOT_YET}
@@ -190,7 +202,7 @@ WITH {AUDIENCE_STEP_CTES}, slots AS (
     SELECT * FROM unnest(%(fallback_zones)s::text[], %(fallback_dues)s::timestamptz[]) AS f(name, due)
 ), created AS (
     INSERT INTO delivery_message (campaign_id, contact_id, template_id, to_email, priority, status, due_at)
-    SELECT %(campaign_id)s, a.id, %(template_id)s, a.email, %(priority)s, 'scheduled',
+    SELECT %(campaign_id)s, a.id, %(template_id)s, a.email, %(priority)s, {MSG.SCHEDULED},
            CASE WHEN {holdout_sql("%(campaign_id)s", "a.id", "%(holdout_percent)s")} THEN %(window_start)s
                 ELSE coalesce(s.due, f.due, %(window_start)s)
            END
@@ -295,9 +307,9 @@ def queue_due(message_ids: Sequence[int]) -> tuple[list[tuple[int, str]], list[t
     """
     with connection.cursor() as db:
         db.execute(
-            """
-            UPDATE delivery_message SET status = 'queued', queued_at = clock_timestamp()
-             WHERE id = ANY(%s) AND status IN ('scheduled', 'retry_wait')
+            f"""
+            UPDATE delivery_message SET status = {MSG.QUEUED}, queued_at = clock_timestamp()
+             WHERE id = ANY(%s) AND status IN ({MSG.SCHEDULED}, {MSG.RETRY_WAIT})
                AND due_at <= clock_timestamp() + interval '1 second'
             RETURNING id, priority
             """,
@@ -306,9 +318,9 @@ def queue_due(message_ids: Sequence[int]) -> tuple[list[tuple[int, str]], list[t
         queued: list[tuple[int, str]] = db.fetchall()
         moved = {message_id for message_id, _ in queued}
         db.execute(
-            """
+            f"""
             SELECT id, due_at FROM delivery_message
-             WHERE id = ANY(%s) AND status IN ('scheduled', 'retry_wait')
+             WHERE id = ANY(%s) AND status IN ({MSG.SCHEDULED}, {MSG.RETRY_WAIT})
             """,
             [[i for i in message_ids if i not in moved]],
         )
@@ -320,9 +332,9 @@ def queue_slot(campaign_id: int, due_epoch: int | None) -> list[tuple[int, str]]
     """Queue a local-time campaign's messages scheduled at this instant; (id, priority) moved."""
     with connection.cursor() as db:
         db.execute(
-            """
-            UPDATE delivery_message SET status = 'queued', queued_at = clock_timestamp()
-             WHERE status = 'scheduled' AND due_at = to_timestamp(%s) AND campaign_id = %s
+            f"""
+            UPDATE delivery_message SET status = {MSG.QUEUED}, queued_at = clock_timestamp()
+             WHERE status = {MSG.SCHEDULED} AND due_at = to_timestamp(%s) AND campaign_id = %s
             RETURNING id, priority
             """,
             [due_epoch, campaign_id],
@@ -332,8 +344,9 @@ def queue_slot(campaign_id: int, due_epoch: int | None) -> list[tuple[int, str]]
 
 # Which messages (alias `m`) are marketing mail, for campaigns.selectors.suppressed_sql: an
 # `unsubscribed` suppression stops these only. Campaign messages, and transactional messages
-# sent with `unsubscribe: true` (they carry an unsubscribe link; the flag is a context key).
-MARKETING_SQL = f"(m.campaign_id IS NOT NULL OR coalesce(m.context ? '{CONTEXT_FLAG}', false))"
+# sent with `unsubscribe: true` (they carry an unsubscribe link: campaigns.unsubscribe's
+# wants_unsubscribe, the same rule in Python).
+MARKETING_SQL = "(m.campaign_id IS NOT NULL OR m.list_unsubscribe)"
 
 # --- queued → sending (the send worker's claim) -------------------------------------------------
 
@@ -348,18 +361,20 @@ MARKETING_SQL = f"(m.campaign_id IS NOT NULL OR coalesce(m.context ? '{CONTEXT_F
 # migration and a wider row on the hottest table.
 _CLAIM_SQL = f"""
 UPDATE delivery_message AS m
-   SET status = 'sending', attempts = attempts + 1, claimed_at = statement_timestamp()
- WHERE m.id = ANY(%s) AND m.status = 'queued'
+   SET status = {MSG.SENDING}, attempts = attempts + 1, claimed_at = statement_timestamp()
+ WHERE m.id = ANY(%s) AND m.status = {MSG.QUEUED}
    -- A campaign's messages go only while it is sending: pause and cancel take effect per batch.
-   AND (m.campaign_id IS NULL OR {campaign_status_sql("m.campaign_id")} = 'sending')
+   AND (m.campaign_id IS NULL OR {campaign_status_sql("m.campaign_id")} = {CAMPAIGN.SENDING})
 RETURNING m.id, m.campaign_id, m.contact_id, m.template_id, m.to_email, m.from_email, m.reply_to,
-          m.subject, m.html, m.text, m.context, m.priority, m.attempts,
+          m.subject, m.html, m.text, m.context, m.list_unsubscribe, m.track_opens, m.track_clicks,
+          m.priority, m.attempts,
           {suppressed_sql("m.to_email", marketing=MARKETING_SQL)}, m.claimed_at
 """
 
 _CLAIM_COLUMNS = (
     "id", "campaign_id", "contact_id", "template_id", "to_email", "from_email", "reply_to",
-    "subject", "html", "text", "context", "priority", "attempts", "suppressed", "claimed_at",
+    "subject", "html", "text", "context", "list_unsubscribe", "track_opens", "track_clicks",
+    "priority", "attempts", "suppressed", "claimed_at",
 )  # fmt: skip
 
 
@@ -376,6 +391,9 @@ class ClaimedMessage:
     html: str | None
     text: str | None
     context: Any
+    list_unsubscribe: bool
+    track_opens: bool
+    track_clicks: bool
     priority: str
     attempts: int
     suppressed: bool
@@ -403,9 +421,9 @@ def renew_claim(message_ids: Sequence[int], claimed_at: datetime) -> tuple[datet
     renewed; a row the sweep gave back, and so one another worker may hold, is not among them."""
     with connection.cursor() as db:
         db.execute(
-            """
+            f"""
             UPDATE delivery_message SET claimed_at = statement_timestamp()
-             WHERE id = ANY(%s) AND status = 'sending' AND claimed_at = %s
+             WHERE id = ANY(%s) AND status = {MSG.SENDING} AND claimed_at = %s
             RETURNING id, claimed_at
             """,
             [list(message_ids), claimed_at],
@@ -463,28 +481,31 @@ def record_outcomes(outcomes: Outcomes, claimed_at: datetime) -> Recorded:
                 db.execute(
                     f"""
                     UPDATE delivery_message AS m
-                       SET status = 'sent', sent_at = clock_timestamp(), provider = %s,
+                       SET status = {MSG.SENT}, sent_at = clock_timestamp(), provider = %s,
                            provider_message_id = v.provider_message_id, last_error = NULL
                       FROM unnest(%s::bigint[], %s::text[]) AS v(id, provider_message_id)
-                     WHERE m.id = v.id AND m.status = 'sending' AND m.claimed_at = %s
+                     WHERE m.id = v.id AND m.status = {MSG.SENDING} AND m.claimed_at = %s
                     RETURNING m.campaign_id, m.priority,
                               extract(epoch FROM clock_timestamp() - {_ACCEPTED_AT_SQL})::float8
                     """,
                     [provider, list(ids), list(provider_ids), claimed_at],
                 )
                 sent_rows = db.fetchall()
-                _count(recorded, sent_rows, "sent", provider)
+                _count(recorded, sent_rows, MessageStatus.SENT, provider)
                 for _, priority, seconds in sent_rows:
                     recorded.latencies[priority].append(seconds)
-        for status, rows in (("failed", outcomes.failed), ("suppressed", outcomes.suppressed)):
+        for status, rows in (
+            (MessageStatus.FAILED, outcomes.failed),
+            (MessageStatus.SUPPRESSED, outcomes.suppressed),
+        ):
             if rows:
                 ids, errors = zip(*rows, strict=True)
                 db.execute(
-                    """
+                    f"""
                     UPDATE delivery_message AS m
                        SET status = %s, last_error = v.error
                       FROM unnest(%s::bigint[], %s::text[]) AS v(id, error)
-                     WHERE m.id = v.id AND m.status = 'sending' AND m.claimed_at = %s
+                     WHERE m.id = v.id AND m.status = {MSG.SENDING} AND m.claimed_at = %s
                     RETURNING m.campaign_id, m.priority
                     """,
                     [status, list(ids), list(errors), claimed_at],
@@ -503,12 +524,12 @@ def record_outcomes(outcomes: Outcomes, claimed_at: datetime) -> Recorded:
             db.execute(
                 f"""
                 UPDATE delivery_message AS m
-                   SET status = CASE WHEN {campaign_status_sql("m.campaign_id")} = 'cancelled'
-                                     THEN 'cancelled' ELSE 'retry_wait' END,
+                   SET status = CASE WHEN {campaign_status_sql("m.campaign_id")} = {CAMPAIGN.CANCELLED}
+                                     THEN {MSG.CANCELLED} ELSE {MSG.RETRY_WAIT} END,
                        due_at = v.due_at, last_error = v.error,
                        attempts = GREATEST(m.attempts - %s, 0)
                   FROM unnest(%s::bigint[], %s::timestamptz[], %s::text[]) AS v(id, due_at, error)
-                 WHERE m.id = v.id AND m.status = 'sending' AND m.claimed_at = %s
+                 WHERE m.id = v.id AND m.status = {MSG.SENDING} AND m.claimed_at = %s
                 RETURNING m.id, m.campaign_id, m.status, m.due_at, m.priority
                 """,
                 [given_back, list(ids), list(due), list(errors), claimed_at],
@@ -516,14 +537,16 @@ def record_outcomes(outcomes: Outcomes, claimed_at: datetime) -> Recorded:
             waited = db.fetchall()
             retried += waited
             for _, _, status, _, priority in waited:
-                recorded.counts[(NO_PROVIDER, priority, outcome if status == "retry_wait" else status)] += 1
+                recorded.counts[
+                    (NO_PROVIDER, priority, outcome if status == MessageStatus.RETRY_WAIT else status)
+                ] += 1
     _count(
         recorded,
-        [(c, p) for _, c, status, _, p in retried if status == "cancelled"],
-        "cancelled",
+        [(c, p) for _, c, status, _, p in retried if status == MessageStatus.CANCELLED],
+        MessageStatus.CANCELLED,
         metric=False,
     )
-    recorded.retrying = [(i, d) for i, _, status, d, _ in retried if status == "retry_wait"]
+    recorded.retrying = [(i, d) for i, _, status, d, _ in retried if status == MessageStatus.RETRY_WAIT]
     return recorded
 
 
@@ -552,25 +575,29 @@ def requeue_stale(*, lease_seconds: float, max_attempts: int) -> tuple[list[tupl
     have used every attempt. Returns (id, priority) requeued and the failed rows by campaign."""
     with connection.cursor() as db:
         db.execute(
-            """
+            f"""
             UPDATE delivery_message
-               SET status = CASE WHEN attempts >= %s THEN 'failed' ELSE 'queued' END,
+               SET status = CASE WHEN attempts >= %s THEN {MSG.FAILED} ELSE {MSG.QUEUED} END,
                    last_error = CASE WHEN attempts >= %s
                                      THEN 'gave up: its worker died while sending, ' || attempts || ' attempt(s)'
                                      ELSE last_error END,
                    queued_at = clock_timestamp()
-             WHERE status = 'sending'
+             WHERE status = {MSG.SENDING}
                AND claimed_at < clock_timestamp() - make_interval(secs => %s)
             RETURNING id, priority, status, campaign_id
             """,
             [max_attempts, max_attempts, lease_seconds],
         )
         returned = db.fetchall()
-    requeued = [(message_id, priority) for message_id, priority, status, _ in returned if status == "queued"]
+    requeued = [
+        (message_id, priority)
+        for message_id, priority, status, _ in returned
+        if status == MessageStatus.QUEUED
+    ]
     failed: Moved = Counter(
-        (campaign_id, "failed")
+        (campaign_id, MessageStatus.FAILED)
         for _, _, status, campaign_id in returned
-        if status == "failed" and campaign_id
+        if status == MessageStatus.FAILED and campaign_id
     )
     return requeued, failed
 
@@ -585,12 +612,12 @@ def requeue_failed(message_ids: Sequence[int]) -> list[tuple[int, str, int | Non
         db.execute(
             f"""
             UPDATE delivery_message AS m
-               SET status = 'queued', attempts = 0, queued_at = clock_timestamp(),
+               SET status = {MSG.QUEUED}, attempts = 0, queued_at = clock_timestamp(),
                    due_at = NULL, claimed_at = NULL
-             WHERE m.id = ANY(%s) AND m.status = 'failed'
+             WHERE m.id = ANY(%s) AND m.status = {MSG.FAILED}
                AND NOT {suppressed_sql("m.to_email", marketing=MARKETING_SQL)}
                AND (m.campaign_id IS NULL
-                    OR {campaign_status_sql("m.campaign_id")} IN ('sending', 'paused'))
+                    OR {campaign_status_sql("m.campaign_id")} IN ({CAMPAIGN.SENDING}, {CAMPAIGN.PAUSED}))
             RETURNING m.id, m.priority, m.campaign_id
             """,
             [list(message_ids)],
@@ -602,7 +629,7 @@ def requeue_failed(message_ids: Sequence[int]) -> list[tuple[int, str, int | Non
 
 # States that may be cancelled: nothing has been handed to a provider yet. A `sending` message
 # is at a provider right now; cancelling it could not stop the email.
-CANCELLABLE = ("queued", "scheduled", "retry_wait")
+CANCELLABLE = (MessageStatus.QUEUED, MessageStatus.SCHEDULED, MessageStatus.RETRY_WAIT)
 
 
 def cancel(message_ids: Sequence[int], reason: str) -> list[tuple[int, int | None, str]]:
@@ -613,7 +640,7 @@ def cancel(message_ids: Sequence[int], reason: str) -> list[tuple[int, int | Non
     """
     with connection.cursor() as db:
         db.execute(
-            """
+            f"""
             WITH target AS (
                 SELECT id, status FROM delivery_message
                  WHERE id = ANY(%s) AND status = ANY(%s)
@@ -621,7 +648,7 @@ def cancel(message_ids: Sequence[int], reason: str) -> list[tuple[int, int | Non
                    FOR UPDATE
             )
             UPDATE delivery_message AS m
-               SET status = 'cancelled', last_error = %s
+               SET status = {MSG.CANCELLED}, last_error = %s
               FROM target
              WHERE m.id = target.id
             RETURNING m.id, m.campaign_id, target.status
@@ -644,20 +671,20 @@ def cancel_campaign(campaign_id: int) -> CampaignCancelled:
     is the caller's: `campaigns.lifecycle.cancel`, under its lock)."""
     with connection.cursor() as db:
         db.execute(
-            """
+            f"""
             SELECT coalesce(array_agg(DISTINCT floor(extract(epoch FROM due_at))::bigint)
-                            FILTER (WHERE status = 'scheduled'), '{}'),
-                   coalesce(array_agg(id) FILTER (WHERE status = 'retry_wait'), '{}')
+                            FILTER (WHERE status = {MSG.SCHEDULED}), '{{}}'),
+                   coalesce(array_agg(id) FILTER (WHERE status = {MSG.RETRY_WAIT}), '{{}}')
               FROM delivery_message
-             WHERE campaign_id = %s AND status IN ('scheduled', 'retry_wait')
+             WHERE campaign_id = %s AND status IN ({MSG.SCHEDULED}, {MSG.RETRY_WAIT})
             """,
             [campaign_id],
         )
         slot_epochs, retry_ids = db.fetchone()
         db.execute(
-            """
-            UPDATE delivery_message SET status = 'cancelled', last_error = 'campaign cancelled'
-             WHERE campaign_id = %s AND status IN ('queued', 'scheduled', 'retry_wait')
+            f"""
+            UPDATE delivery_message SET status = {MSG.CANCELLED}, last_error = 'campaign cancelled'
+             WHERE campaign_id = %s AND status IN ({MSG.QUEUED}, {MSG.SCHEDULED}, {MSG.RETRY_WAIT})
             """,
             [campaign_id],
         )
@@ -694,18 +721,20 @@ def erase_recipient(email: str, placeholder: str) -> list[int]:
 _REPUBLISH_SQL = """
 WITH step AS (
     SELECT id FROM delivery_message
-     WHERE {campaign}status = 'queued' AND id > %(after)s
+     WHERE {campaign}status = {queued} AND id > %(after)s
      ORDER BY id LIMIT %(limit)s
 ), moved AS (
     UPDATE delivery_message AS m SET queued_at = clock_timestamp()
-      FROM step WHERE m.id = step.id AND m.status = 'queued'
+      FROM step WHERE m.id = step.id AND m.status = {queued}
     RETURNING m.id, m.priority
 )
 SELECT (SELECT max(id) FROM step), coalesce((SELECT array_agg(id ORDER BY id) FROM moved), '{{}}'),
        coalesce((SELECT array_agg(priority ORDER BY id) FROM moved), '{{}}')
 """
-_REPUBLISH_ALL_SQL = _REPUBLISH_SQL.format(campaign="")
-_REPUBLISH_CAMPAIGN_SQL = _REPUBLISH_SQL.format(campaign="campaign_id = %(campaign_id)s AND ")
+_REPUBLISH_ALL_SQL = _REPUBLISH_SQL.format(campaign="", queued=MSG.QUEUED)
+_REPUBLISH_CAMPAIGN_SQL = _REPUBLISH_SQL.format(
+    campaign="campaign_id = %(campaign_id)s AND ", queued=MSG.QUEUED
+)
 
 
 def republish_queued(campaign_id: int | None = None, step: int = 50_000) -> int:
@@ -731,11 +760,11 @@ UPDATE delivery_message AS m SET queued_at = clock_timestamp()
  WHERE m.id IN (
         SELECT s.id FROM delivery_message AS s
           JOIN unnest(%s::text[], %s::float8[]) AS p(priority, cutoff) ON s.priority = p.priority
-         WHERE s.status = 'queued'
+         WHERE s.status = {MSG.QUEUED}
            AND coalesce(s.queued_at, s.created_at) < to_timestamp(p.cutoff)
-           AND (s.campaign_id IS NULL OR {campaign_status_sql("s.campaign_id")} = 'sending')
+           AND (s.campaign_id IS NULL OR {campaign_status_sql("s.campaign_id")} = {CAMPAIGN.SENDING})
          LIMIT %s)
-   AND m.status = 'queued'
+   AND m.status = {MSG.QUEUED}
 RETURNING m.id, m.priority
 """
 

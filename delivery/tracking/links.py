@@ -30,10 +30,6 @@ _HREF = re.compile(r"""(\bhref\s*=\s*)(?:"([^"]*)"|'([^']*)')""", re.IGNORECASE)
 _BODY_END = re.compile(r"</body\s*>", re.IGNORECASE)
 _NEVER = ("mailto:", "tel:", "sms:", "#", "javascript:", "data:")
 UNSUBSCRIBE_VARIABLE = "unsubscribe_url"  # campaigns.unsubscribe.URL_VARIABLE
-# Message.context keys of a transactional message sent with `track_opens` / `track_clicks` (the
-# API flags), like campaigns.unsubscribe.CONTEXT_FLAG: no template path can name them.
-CONTEXT_OPENS = "emailhub:track_opens"
-CONTEXT_CLICKS = "emailhub:track_clicks"
 
 PIXEL_HTML = '<img src="{}" width="1" height="1" alt="" style="display:block;border:0;width:1px;height:1px">'
 
