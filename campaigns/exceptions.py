@@ -61,3 +61,15 @@ class ImportTooLarge(RequestTooLarge):
 
 class Conflict(APIException):
     status_code = status.HTTP_409_CONFLICT
+
+
+class InvalidToken(ValueError):
+    """Not a token we issued (malformed, forged, or made under a secret no longer kept)."""
+
+
+class ExpiredToken(ValueError):
+    """A genuine token older than EMAILHUB_UNSUBSCRIBE_TOKEN_DAYS."""
+
+
+class ImportClaimLost(Exception):
+    """Another run took the job over (this one looked dead); this run stops, its batch undone."""

@@ -33,7 +33,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from campaigns import importing
-from campaigns.exceptions import ImportFileError
+from campaigns.exceptions import ImportClaimLost, ImportFileError
 from campaigns.importing import ImportReport, Position
 from campaigns.models import ContactList, ImportChunk, ImportIssue, ImportJob
 from campaigns.selectors import AUDIENCE_TABLES
@@ -50,10 +50,6 @@ CHUNK_BYTES = 1 << 20
 # Runs of one job before it is marked failed: a file that crashes its worker every time (a bug,
 # not bad data, which is rejected row by row) must not loop forever.
 MAX_ATTEMPTS = 5
-
-
-class ImportClaimLost(Exception):
-    """Another run took the job over (this one looked dead); this run stops, its batch undone."""
 
 
 def create_import_job(

@@ -34,6 +34,7 @@ from urllib.parse import quote
 
 from django.conf import settings
 
+from campaigns.exceptions import ExpiredToken, InvalidToken
 from core import signing
 from core.templating import EmailTemplate
 
@@ -48,14 +49,6 @@ TOKEN_LENGTH = 38  # base64url of 16 + 12 bytes, unpadded
 _TOKEN_CHARS = re.compile(rf"^[A-Za-z0-9_-]{{{TOKEN_LENGTH}}}$")
 # A token issued this far in the future was not issued by a server with a sane clock.
 _CLOCK_SKEW_SECONDS = 300
-
-
-class InvalidToken(ValueError):
-    """Not a token we issued (malformed, forged, or made under a secret no longer kept)."""
-
-
-class ExpiredToken(ValueError):
-    """A genuine token older than EMAILHUB_UNSUBSCRIBE_TOKEN_DAYS."""
 
 
 def make_token(message_id: int, issued_at: int | None = None) -> str:

@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from campaigns.unsubscribe import InvalidToken, read_token
+from campaigns.exceptions import InvalidToken
+from campaigns.unsubscribe import read_token
 from delivery.models import Message
 from delivery.services.events import ProviderEvent, record_events
 

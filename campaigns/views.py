@@ -15,7 +15,7 @@ from django.utils.html import format_html
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods
 
-from campaigns.unsubscribe import ExpiredToken, InvalidToken
+from campaigns.exceptions import ExpiredToken, InvalidToken
 from campaigns.unsubscribing import Target, target_of, unsubscribe
 
 _PAGE = """<!doctype html>

@@ -164,3 +164,13 @@ class WebhookTooLarge(RequestTooLarge):
 
 class InvalidToken(ValueError):
     """Not a token we issued (malformed, forged, tampered with, or under a secret no longer kept)."""
+
+
+class ProviderSkipped(Exception):
+    """The provider did not try the batch (open circuit, paused after a 429, no send quota left):
+    use the next one. `retry_after` is how long until it could be tried again; a message that
+    every provider skipped waits that long and keeps its attempt (nothing was tried)."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after

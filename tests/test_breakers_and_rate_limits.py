@@ -11,11 +11,11 @@ import pytest
 import time_machine
 
 from delivery import breakers
-from delivery.exceptions import ProviderUnavailable
+from delivery.exceptions import ProviderSkipped, ProviderUnavailable
 from delivery.providers import close_all, get_provider
 from delivery.providers.base import OutgoingEmail, Provider, SendResult
 from delivery.ratelimit import TokenBucket
-from delivery.services.gateway import ProviderSkipped, send_via
+from delivery.services.gateway import send_via
 
 
 @pytest.fixture(autouse=True)

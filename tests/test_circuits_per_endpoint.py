@@ -14,14 +14,14 @@ import requests
 from rest_framework.test import APIClient
 
 from delivery import breakers
-from delivery.exceptions import ProviderUnavailable
+from delivery.exceptions import ProviderSkipped, ProviderUnavailable
 from delivery.providers import OutgoingEmail, close_all
 from delivery.providers.locmem import LocmemProvider
 from delivery.providers.sendgrid import SendGridProvider
 from delivery.providers.ses import SESProvider
 from delivery.providers.smtp import SMTPProvider
 from delivery.selectors import provider_health
-from delivery.services.gateway import ProviderSkipped, send_via
+from delivery.services.gateway import send_via
 from delivery.testing.smtp_server import SMTPTestServer
 from scripts.stack import Stack
 from tests.conftest import wait_for_status

@@ -30,9 +30,12 @@ function that returns the violations, and each has a test that feeds it a violat
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterable, Iterator
+import sys
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 APPS = ("campaigns", "scheduling", "delivery", "operations")
@@ -236,6 +239,13 @@ def test_module_import_graph_has_no_cycle() -> None:
 # Each rule fails on a violation (fed as a tree of its own, so the real code stays untouched).
 
 
+@pytest.fixture
+def tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[dict[str, str]], list[Path]]:
+    """Write modules ({dotted name: source}) under a root of their own, which the rules then read."""
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    return lambda files: write(tmp_path, files)
+
+
 def write(tmp: Path, files: dict[str, str]) -> list[Path]:
     paths = []
     for name, text in files.items():
@@ -246,43 +256,82 @@ def write(tmp: Path, files: dict[str, str]) -> list[Path]:
     return paths
 
 
-def test_the_rules_catch_an_internal_import_a_function_import_and_a_cycle(tmp_path: Path) -> None:
-    global ROOT
-    saved, ROOT = ROOT, tmp_path
-    try:
-        files = write(
-            tmp_path,
-            {
-                "core.__init__": "",
-                "core.outbox": "from delivery.models import Message\nimport fastpaths.publish\nfrom emailhub import settings\nfrom emailhub.celery import app\n",
-                "fastpaths.__init__": "",
-                "fastpaths.publish": "from delivery.services import messages\n",
-                "delivery.__init__": "",
-                "delivery.models": "from campaigns.fanout import step\n",
-                "delivery.services": "def f():\n    from campaigns.lifecycle import pause\n",
-                "scheduling.__init__": "",
-                "scheduling.dispatch": "from campaigns.admin import CampaignAdmin\n",
-                "campaigns.__init__": "",
-                "campaigns.fanout": "from campaigns.lifecycle import pause\n",
-                "campaigns.lifecycle": "from campaigns.fanout import step\n",
-                "campaigns.apps": "class C:\n    def ready(self):\n        from campaigns import fanout\n",
-            },
-        )
-        modules, imports = all_imports(files)
-        layering = layering_violations(modules, imports)
-        assert sorted(layering) == [
-            "core.outbox:1 imports delivery.models: core is below delivery",
-            "core.outbox:2 imports fastpaths.publish: core is below fast paths",
-            "core.outbox:3 imports emailhub: core is below configuration",
-            "delivery.models:1 imports campaigns.fanout: delivery is below campaign work",
-            "delivery.services:2 imports campaigns.lifecycle: delivery is below campaign work",
-            "fastpaths.publish:1 imports delivery.services: fast paths is below delivery",
-            "scheduling.dispatch:1 imports campaigns.admin: not one of campaigns's public modules "
-            f"{sorted(PUBLIC['campaigns'])}",
-        ]
-        assert function_import_violations(imports) == [
-            "delivery.services:2 imports campaigns.lifecycle.pause inside a function"
-        ]
-        assert ["campaigns.fanout", "campaigns.lifecycle", "campaigns.fanout"] in cycles(modules, imports)
-    finally:
-        ROOT = saved
+def test_the_rules_catch_an_internal_import_a_function_import_and_a_cycle(
+    tree: Callable[[dict[str, str]], list[Path]],
+) -> None:
+    files = tree(
+        {
+            "core.__init__": "",
+            "core.outbox": "from delivery.models import Message\nimport fastpaths.publish\nfrom emailhub import settings\nfrom emailhub.celery import app\n",
+            "fastpaths.__init__": "",
+            "fastpaths.publish": "from delivery.services import messages\n",
+            "delivery.__init__": "",
+            "delivery.models": "from campaigns.fanout import step\n",
+            "delivery.services": "def f():\n    from campaigns.lifecycle import pause\n",
+            "scheduling.__init__": "",
+            "scheduling.dispatch": "from campaigns.admin import CampaignAdmin\n",
+            "campaigns.__init__": "",
+            "campaigns.fanout": "from campaigns.lifecycle import pause\n",
+            "campaigns.lifecycle": "from campaigns.fanout import step\n",
+            "campaigns.apps": "class C:\n    def ready(self):\n        from campaigns import fanout\n",
+        },
+    )
+    modules, imports = all_imports(files)
+    layering = layering_violations(modules, imports)
+    assert sorted(layering) == [
+        "core.outbox:1 imports delivery.models: core is below delivery",
+        "core.outbox:2 imports fastpaths.publish: core is below fast paths",
+        "core.outbox:3 imports emailhub: core is below configuration",
+        "delivery.models:1 imports campaigns.fanout: delivery is below campaign work",
+        "delivery.services:2 imports campaigns.lifecycle: delivery is below campaign work",
+        "fastpaths.publish:1 imports delivery.services: fast paths is below delivery",
+        "scheduling.dispatch:1 imports campaigns.admin: not one of campaigns's public modules "
+        f"{sorted(PUBLIC['campaigns'])}",
+    ]
+    assert function_import_violations(imports) == [
+        "delivery.services:2 imports campaigns.lifecycle.pause inside a function"
+    ]
+    assert ["campaigns.fanout", "campaigns.lifecycle", "campaigns.fanout"] in cycles(modules, imports)
+
+
+# Each app's errors live in its exceptions.py (issue 19): a reader looks for what a module raises
+# in one place, and a caller catches it without importing the module that raises it.
+
+
+def exception_classes_outside_exceptions_modules(files: Iterable[Path] | None = None) -> list[str]:
+    """Public exception classes an app defines anywhere but its exceptions.py (private ones,
+    `_Lost`, are a module's own business)."""
+    found = []
+    for path in files if files is not None else source_files():
+        module = module_name(path)
+        app = module.split(".")[0]
+        if app not in APPS or module == f"{app}.exceptions" or ".testing" in module:
+            continue
+        for node in ast.parse(path.read_text(), str(path)).body:
+            if not isinstance(node, ast.ClassDef) or node.name.startswith("_"):
+                continue
+            bases = [ast.unparse(base).rsplit(".", 1)[-1] for base in node.bases]
+            if any(base.endswith(("Exception", "Error")) for base in bases):
+                found.append(f"{module}.{node.name}")
+    return found
+
+
+def test_an_apps_exceptions_live_in_its_exceptions_module() -> None:
+    assert exception_classes_outside_exceptions_modules() == []
+
+
+def test_the_exceptions_rule_catches_an_error_defined_elsewhere(
+    tree: Callable[[dict[str, str]], list[Path]],
+) -> None:
+    files = tree(
+        {
+            "delivery.__init__": "",
+            "delivery.exceptions": "class DeliveryError(Exception): ...\n",
+            "delivery.gateway": "class Skipped(Exception): ...\nclass _Lost(Exception): ...\n",
+            "delivery.api": "from rest_framework import exceptions\nclass Big(exceptions.APIException): ...\n",
+        },
+    )
+    assert sorted(exception_classes_outside_exceptions_modules(files)) == [
+        "delivery.api.Big",
+        "delivery.gateway.Skipped",
+    ]

@@ -12,8 +12,9 @@ from django.core import checks
 from django.test import Client
 
 from campaigns.checks import public_url_https, public_url_wellformed
+from campaigns.exceptions import ExpiredToken, InvalidToken
 from campaigns.models import Campaign, Suppression, Template
-from campaigns.unsubscribe import ExpiredToken, InvalidToken, make_token, read_token
+from campaigns.unsubscribe import make_token, read_token
 from delivery.models import EmailEvent, Message, MessageStatus
 from delivery.services.sending import send_messages
 from delivery.testing.smtp_server import SMTPTestServer

@@ -16,7 +16,7 @@ from django.conf import settings
 
 from core import metrics
 from delivery.breakers import circuit_key, guarded_call, register_circuit, seconds_until_probe
-from delivery.exceptions import CircuitOpen, ProviderThrottled
+from delivery.exceptions import CircuitOpen, ProviderSkipped, ProviderThrottled
 from delivery.providers import UNGUARDED, Guard, OutgoingEmail, SendResult, get_provider
 from delivery.ratelimit import bucket_for, pause_provider, pause_remaining
 
@@ -25,16 +25,6 @@ logger = logging.getLogger(__name__)
 # The two pools, each with its provider chain (delivery.services.sending.provider_chain).
 TRANSACTIONAL = "transactional"
 BULK = "bulk"
-
-
-class ProviderSkipped(Exception):
-    """The provider did not try the batch (open circuit, paused after a 429, no send quota left):
-    use the next one. `retry_after` is how long until it could be tried again; a message that
-    every provider skipped waits that long and keeps its attempt (nothing was tried)."""
-
-    def __init__(self, message: str, retry_after: float) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
 
 
 # Critical and high may wait this long for a token before failing over; bulk waits longer.

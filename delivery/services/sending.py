@@ -21,10 +21,10 @@ from django.conf import settings
 from django.utils import timezone
 
 from campaigns.models import Priority
-from delivery.exceptions import ProviderUnavailable
+from delivery.exceptions import ProviderSkipped, ProviderUnavailable
 from delivery.providers import Outcome, OutgoingEmail, SendResult
 from delivery.services.compose import compose
-from delivery.services.gateway import BULK, TRANSACTIONAL, ProviderSkipped, send_via
+from delivery.services.gateway import BULK, TRANSACTIONAL, send_via
 from delivery.services.lease import CLOCK, ClaimLease
 from delivery.services.recording import record
 from delivery.services.transitions import ClaimedMessage, Outcomes, claim
