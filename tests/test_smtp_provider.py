@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -348,3 +349,79 @@ def test_a_lost_claim_stops_one_by_one_sending_before_the_next_message() -> None
         results = provider(server).send_batch([email(1), email(2), email(3)], CountedGuard({2: 0, 3: 0}))
         assert [r.outcome for r in results] == [Outcome.ACCEPTED, Outcome.ABANDONED, Outcome.ABANDONED]
         assert [m.rcpt_tos[0] for m in server.wait_for(1)] == ["user1@example.com"]
+
+
+# --- one exchange, with or without PIPELINING -------------------------------------------------
+# Each rule below is written twice (smtplib's sendmail one command at a time, and the pipelined
+# groups): it must hold for a server with PIPELINING and one without.
+
+
+@pytest.fixture(params=[True, False], ids=["pipelined", "one-by-one"])
+def pipelining(request: pytest.FixtureRequest) -> bool:
+    return bool(request.param)
+
+
+@pytest.fixture
+def server(pipelining: bool) -> Iterator[SMTPTestServer]:
+    """A server of the test's own, offering PIPELINING or not: each test runs against both."""
+    with SMTPTestServer(pipelining=pipelining) as server:
+        yield server
+
+
+@pytest.fixture
+def sender(server: SMTPTestServer) -> Iterator[SMTPProvider]:
+    """An SMTP provider pointed at `server`, closed after the test."""
+    smtp_provider = provider(server)
+    yield smtp_provider
+    smtp_provider.close()
+
+
+def test_a_refusal_at_mail_from_is_the_provider_failing_and_a_4xx_there_is_transient(
+    server: SMTPTestServer, sender: SMTPProvider
+) -> None:
+    server.reply_to_mail_from("530 5.7.0 Authentication required")
+    with pytest.raises(ProviderUnavailable, match="530 at MAIL FROM.*SMTP_USERNAME"):
+        sender.send_batch([email(1), email(2)])
+    server.reply_to_mail_from("451 4.3.0 try again later")
+    results = sender.send_batch([email(3), email(4)])
+    assert [r.outcome for r in results] == [Outcome.TRANSIENT] * 2
+    assert all("451 refused at sender" in r.error for r in results)
+    server.reply_to_mail_from(None)
+    assert [r.outcome for r in sender.send_batch([email(5)])] == [Outcome.ACCEPTED]  # after RSET
+    assert [m.rcpt_tos for m in server.wait_for(1)] == [["user5@example.com"]]
+
+
+def test_content_refused_after_data_fails_that_message_unsuppressed_and_the_next_goes(
+    server: SMTPTestServer, sender: SMTPProvider
+) -> None:
+    server.reply_to_data("554 5.6.0 message content rejected")
+    [refused] = sender.send_batch([email(1)])
+    server.reply_to_data(None)
+    [accepted] = sender.send_batch([email(2)])
+    assert refused.outcome is Outcome.PERMANENT and refused.suppress is False
+    assert "554 refused at data" in refused.error
+    assert accepted.outcome is Outcome.ACCEPTED
+    assert [m.rcpt_tos for m in server.wait_for(1)] == [["user2@example.com"]]
+
+
+def test_a_connection_lost_twice_for_one_message_makes_the_provider_unavailable(
+    server: SMTPTestServer, sender: SMTPProvider
+) -> None:
+    server.drop_next_connections(1)  # once: reopened, and the messages go
+    assert [r.outcome for r in sender.send_batch([email(1), email(2)])] == [Outcome.ACCEPTED] * 2
+    server.drop_next_connections(2)  # twice for the same message: nothing was sent
+    with pytest.raises(ProviderUnavailable, match="SMTP (421|connection lost)"):
+        sender.send_batch([email(3), email(4)])
+    assert sorted(m.rcpt_tos[0] for m in server.wait_for(2)) == ["user1@example.com", "user2@example.com"]
+
+
+def test_slow_down_part_way_keeps_what_was_accepted_and_sends_nothing_after(
+    server: SMTPTestServer, sender: SMTPProvider
+) -> None:
+    server.reply_for("user3@example.com", "451 4.7.0 Too many messages, slow down")
+    with pytest.raises(ProviderThrottled) as caught:
+        sender.send_batch([email(n) for n in range(1, 6)])
+    partial = caught.value.partial
+    assert sorted(partial) == [1, 2] and all(r.outcome is Outcome.ACCEPTED for r in partial.values())
+    # 1 and 2 were taken before their 250s; nothing after 3 had its content written.
+    assert [m.rcpt_tos for m in server.messages] == [["user1@example.com"], ["user2@example.com"]]
