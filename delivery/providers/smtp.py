@@ -318,35 +318,40 @@ class SMTPProvider(Provider):
         if current is not None:
             if self._needs_reset:
                 steps.append((_RSET, None))
-            steps.extend((line, envelope) for line in current.envelope)
+            mail, rcpt, data = current.envelope
+            steps += [(mail, envelope), (rcpt, envelope), (data, envelope)]
         size = len(steps) if pipelining else 1
         try:
             for start in range(0, len(steps), size):
-                if _refused(envelope):
+                if envelope and _refused(envelope):
                     break  # (only without PIPELINING, where the refusal is known before the next write)
                 group = steps[start : start + size]
                 connection.send(b"".join([line for line, _ in group]))
                 yield
-                for _, settles in group:
-                    self._settle(connection, settles, batch)
+                self._settle(connection, group, batch)
         except _CONNECTION_ERRORS as exc:
             raise _Lost(f"SMTP connection lost: {exc}", exc) from exc
         return None if current is None else self._opened(current, envelope, batch)
 
-    def _settle(self, connection: smtplib.SMTP, settles: _Open | list[_Reply] | None, batch: _Batch) -> None:
-        """Read the next reply: the outcome of an open transaction's content, the RSET's, or
-        one more of the envelope's."""
-        code, reply = self._reply(connection)
-        if isinstance(settles, _Open):
-            batch.results[settles.message.id] = settles.failure or self._judge_end(
-                settles.message, code, reply
-            )
-        elif settles is not None:
-            settles.append((code, reply))
-        elif code != 250:
-            raise _Lost(f"SMTP {code} to RSET: {_decode(reply)}", smtplib.SMTPResponseException(code, reply))
-        else:
-            self._needs_reset = False
+    def _settle(
+        self, connection: smtplib.SMTP, group: list[tuple[bytes, _Open | list[_Reply] | None]], batch: _Batch
+    ) -> None:
+        """Read the replies to a group, in order, each settling what its command was for: one
+        more of the envelope's, an open transaction's outcome, or the RSET."""
+        for _, settles in group:
+            code, reply = self._reply(connection)
+            if isinstance(settles, list):
+                settles.append((code, reply))
+            elif settles is not None:
+                batch.results[settles.message.id] = settles.failure or self._judge_end(
+                    settles.message, code, reply
+                )
+            elif code != 250:
+                raise _Lost(
+                    f"SMTP {code} to RSET: {_decode(reply)}", smtplib.SMTPResponseException(code, reply)
+                )
+            else:
+                self._needs_reset = False
 
     def _opened(self, current: _Prepared, envelope: list[_Reply], batch: _Batch) -> _Open | None:
         """`current` once its envelope's replies are in: open when DATA got 354; otherwise
