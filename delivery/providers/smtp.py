@@ -75,6 +75,11 @@ class _Open:
     failure: SendResult | None  # refused at RCPT by a server that still said 354 to DATA
 
 
+# A command of a round and what its reply settles: the envelope's replies (a list to add it to),
+# an open transaction's outcome, or (None) the RSET.
+_Step = tuple[bytes, _Open | list[_Reply] | None]
+
+
 @dataclass(slots=True)
 class _Batch:
     """What the lanes of one batch share: the outcomes so far, the guard, and whether one of
@@ -310,9 +315,8 @@ class SMTPProvider(Provider):
         its replies read in order. Without, each command is a group of one, and a transaction
         refused is sent no further. Yields after each write, before reading its replies; returns
         `current` if its DATA got 354 (its content starts the next round)."""
-        # Each command with what its reply settles: a content's outcome, the RSET, the envelope.
         envelope: list[_Reply] = []
-        steps: list[tuple[bytes, _Open | list[_Reply] | None]] = []
+        steps: list[_Step] = []
         if open_ is not None:
             steps.append((open_.message.content, open_))
         if current is not None:
@@ -333,9 +337,7 @@ class SMTPProvider(Provider):
             raise _Lost(f"SMTP connection lost: {exc}", exc) from exc
         return None if current is None else self._opened(current, envelope, batch)
 
-    def _settle(
-        self, connection: smtplib.SMTP, group: list[tuple[bytes, _Open | list[_Reply] | None]], batch: _Batch
-    ) -> None:
+    def _settle(self, connection: smtplib.SMTP, group: list[_Step], batch: _Batch) -> None:
         """Read the replies to a group, in order, each settling what its command was for: one
         more of the envelope's, an open transaction's outcome, or the RSET."""
         for _, settles in group:
