@@ -1,8 +1,11 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
+from aiosmtpd.controller import Controller
 
 from delivery.exceptions import ProviderThrottled, ProviderUnavailable
 from delivery.providers.base import Outcome, OutgoingEmail
@@ -348,3 +351,148 @@ def test_a_lost_claim_stops_one_by_one_sending_before_the_next_message() -> None
         results = provider(server).send_batch([email(1), email(2), email(3)], CountedGuard({2: 0, 3: 0}))
         assert [r.outcome for r in results] == [Outcome.ACCEPTED, Outcome.ABANDONED, Outcome.ABANDONED]
         assert [m.rcpt_tos[0] for m in server.wait_for(1)] == ["user1@example.com"]
+
+
+# --- one exchange, with or without PIPELINING -------------------------------------------------
+# Each rule below was written twice before (smtplib's sendmail one command at a time, and the
+# pipelined groups), and the two differed where these tests say. Now a server without
+# PIPELINING gets the same exchange, one command per group: each rule must hold for both.
+
+
+@pytest.fixture(params=[True, False], ids=["pipelined", "one-by-one"])
+def pipelining(request: pytest.FixtureRequest) -> bool:
+    return bool(request.param)
+
+
+@pytest.fixture
+def server(pipelining: bool) -> Iterator[SMTPTestServer]:
+    """A server of the test's own, offering PIPELINING or not: each test runs against both."""
+    with SMTPTestServer(pipelining=pipelining) as server:
+        yield server
+
+
+@pytest.fixture
+def sender(server: SMTPTestServer) -> Iterator[SMTPProvider]:
+    """An SMTP provider pointed at `server`, closed after the test."""
+    smtp_provider = provider(server)
+    yield smtp_provider
+    smtp_provider.close()
+
+
+class SizeLimitedServer(SMTPTestServer):
+    """The test server with aiosmtpd's limit on a message's size (advertised as SIZE, RFC 1870)."""
+
+    def __init__(self, limit: int, *, pipelining: bool) -> None:
+        super().__init__(pipelining=pipelining)
+        self._controller = Controller(self.handler, hostname=self.host, port=self.port, data_size_limit=limit)
+
+
+def test_a_refusal_at_mail_from_is_the_provider_failing_and_a_4xx_there_is_transient(
+    server: SMTPTestServer, sender: SMTPProvider
+) -> None:
+    server.reply_to_mail_from("530 5.7.0 Authentication required")
+    with pytest.raises(ProviderUnavailable, match="530 at MAIL FROM.*SMTP_USERNAME"):
+        sender.send_batch([email(1), email(2)])
+    server.reply_to_mail_from("451 4.3.0 try again later")
+    results = sender.send_batch([email(3), email(4)])
+    assert [r.outcome for r in results] == [Outcome.TRANSIENT] * 2
+    assert all("451 refused at sender" in r.error for r in results)
+    server.reply_to_mail_from(None)
+    assert [r.outcome for r in sender.send_batch([email(5)])] == [Outcome.ACCEPTED]  # after RSET
+    assert [m.rcpt_tos for m in server.wait_for(1)] == [["user5@example.com"]]
+
+
+def test_content_refused_after_data_fails_that_message_unsuppressed_and_the_next_goes(
+    server: SMTPTestServer, sender: SMTPProvider
+) -> None:
+    server.reply_to_data("554 5.6.0 message content rejected")
+    [refused] = sender.send_batch([email(1)])
+    server.reply_to_data(None)
+    [accepted] = sender.send_batch([email(2)])
+    assert refused.outcome is Outcome.PERMANENT and refused.suppress is False
+    assert "554 refused at data" in refused.error
+    assert accepted.outcome is Outcome.ACCEPTED
+    assert [m.rcpt_tos for m in server.wait_for(1)] == [["user2@example.com"]]
+
+
+def test_a_message_over_the_servers_size_limit_fails_alone_and_unsuppressed(pipelining: bool) -> None:
+    # smtplib's sendmail declared SIZE at MAIL FROM, so a server refused an oversize message
+    # there (552), which read as the relay refusing our sender: the rest of the batch retried, or
+    # with the message first, ProviderUnavailable counted by the breaker. The exchange declares no
+    # SIZE (the pipelined path never did): the server refuses it after its content, as that
+    # message's own fault.
+    with SizeLimitedServer(4000, pipelining=pipelining) as server:
+        smtp_provider = provider(server)
+        large = replace(email(2), text="x" * 8000)
+        results = smtp_provider.send_batch([email(1), large, email(3)])
+        assert [r.outcome for r in results] == [Outcome.ACCEPTED, Outcome.PERMANENT, Outcome.ACCEPTED]
+        assert "552" in results[1].error and results[1].suppress is False
+        assert [m.rcpt_tos for m in server.wait_for(2)] == [["user1@example.com"], ["user3@example.com"]]
+        smtp_provider.close()
+
+
+def test_the_envelope_names_the_recipients_mailbox_without_its_display_name(
+    server: SMTPTestServer, sender: SMTPProvider
+) -> None:
+    # RFC 5321 §4.1.2: a forward-path is a mailbox. smtplib's sendmail stripped a display name
+    # from `to`; the pipelined path wrote `RCPT TO:<Ann <ann@…>>`, which a server refuses (550s,
+    # suppressing the address).
+    [result] = sender.send_batch([email(1, "Ann Example <ann@example.com>")])
+    assert result.outcome is Outcome.ACCEPTED
+    [received] = server.wait_for(1)
+    assert received.rcpt_tos == ["ann@example.com"]
+    assert received.parsed()["To"] == "Ann Example <ann@example.com>"
+
+
+def test_a_connection_lost_twice_for_one_message_makes_the_provider_unavailable(
+    server: SMTPTestServer, sender: SMTPProvider
+) -> None:
+    server.drop_next_connections(1)  # once: reopened, and the messages go
+    assert [r.outcome for r in sender.send_batch([email(1), email(2)])] == [Outcome.ACCEPTED] * 2
+    server.drop_next_connections(2)  # twice for the same message: nothing was sent
+    with pytest.raises(ProviderUnavailable, match="SMTP (421|connection lost)"):
+        sender.send_batch([email(3), email(4)])
+    assert sorted(m.rcpt_tos[0] for m in server.wait_for(2)) == ["user1@example.com", "user2@example.com"]
+
+
+def test_slow_down_part_way_keeps_what_was_accepted_and_sends_nothing_after(
+    server: SMTPTestServer, sender: SMTPProvider
+) -> None:
+    server.reply_for("user3@example.com", "451 4.7.0 Too many messages, slow down")
+    with pytest.raises(ProviderThrottled) as caught:
+        sender.send_batch([email(n) for n in range(1, 6)])
+    partial = caught.value.partial
+    assert sorted(partial) == [1, 2] and all(r.outcome is Outcome.ACCEPTED for r in partial.values())
+    # 1 and 2 were taken before their 250s; nothing after 3 had its content written.
+    assert [m.rcpt_tos for m in server.messages] == [["user1@example.com"], ["user2@example.com"]]
+
+
+def test_a_message_that_cannot_be_built_fails_wherever_it_is_in_the_batch(
+    server: SMTPTestServer, sender: SMTPProvider
+) -> None:
+    # Every message is rendered before the first is sent. smtplib's path rendered each in turn,
+    # so a provider-wide refusal before a message it could not build raised ProviderUnavailable
+    # for the whole batch, and after it did not: the outcome depended on the order.
+    unbuildable = email(2, "bad local ü@example.com")
+    server.reply_to_mail_from("530 5.7.0 Authentication required")
+    for batch in ([email(1), unbuildable], [unbuildable, email(1)]):
+        results = {r.error.split(":")[0]: r for r in sender.send_batch(batch)}
+        assert results["message cannot be built"].outcome is Outcome.PERMANENT
+        assert results["smtp became unavailable"].outcome is Outcome.TRANSIENT
+
+
+def test_the_guard_is_asked_before_each_message_and_again_before_its_content(
+    server: SMTPTestServer, sender: SMTPProvider
+) -> None:
+    # Message 2 is allowed when the batch starts and when its MAIL FROM goes, not when its
+    # content would: the connection is closed before its final dot (smtplib's path never asked
+    # before the content), and message 3 goes over a new connection.
+    guard = CountedGuard({2: 2})
+    results = sender.send_batch([email(1), email(2), email(3)], guard)
+    assert [r.outcome for r in results] == [Outcome.ACCEPTED, Outcome.ABANDONED, Outcome.ACCEPTED]
+    # The batch (the base class), then each MAIL FROM and each content in the order they are
+    # written; 3 again when it is moved to the new connection, and before its MAIL FROM there.
+    assert guard.asked == [1, 2, 3, 1, 2, 1, 3, 2, 3, 3, 3]
+    received = server.wait_for(2)
+    assert sorted(m.rcpt_tos[0] for m in received) == ["user1@example.com", "user3@example.com"]
+    assert len({m.peer for m in received}) == 2

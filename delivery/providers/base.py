@@ -19,7 +19,7 @@ email it may not send gets an ABANDONED result and nothing reaches the provider 
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -115,6 +115,21 @@ def nothing_sent(results: dict[int, SendResult]) -> bool:
     return all(result.outcome is Outcome.ABANDONED for result in results.values())
 
 
+def gone_part_way(
+    provider: str, emails: Iterable[OutgoingEmail], results: dict[int, SendResult], exc: ProviderUnavailable
+) -> dict[int, SendResult]:
+    """`results` once `provider` went down part-way through `emails`: `exc` is raised again if
+    nothing had reached it (the batch moves on to the next provider whole, and the breaker
+    counts the failure); otherwise what was accepted stays accepted and the rest is reported
+    transient, so it is retried, not re-sent elsewhere twice."""
+    if nothing_sent(results):
+        raise exc
+    error = SendResult.transient(f"{provider} became unavailable: {exc}")
+    for email in emails:
+        results.setdefault(email.message_id, error)
+    return results
+
+
 class Provider:
     """A provider plug-in. Subclasses set ``name`` and fill in the steps of ``send_batch``.
 
@@ -181,11 +196,7 @@ class Provider:
                 exc.partial = {**results, **exc.partial}  # a request's own part-way results too
                 raise
             except ProviderUnavailable as exc:
-                if nothing_sent(results):
-                    raise
-                error = SendResult.transient(f"{self.name} became unavailable: {exc}")
-                for email in emails:
-                    results.setdefault(email.message_id, error)
+                gone_part_way(self.name, emails, results, exc)
                 break
         return [results[email.message_id] for email in emails]
 

@@ -4,40 +4,39 @@ Reply codes (RFC 5321 §4.2.1): 4yz is transient, 5yz permanent. A dropped conne
 reopened once for the message that found it dropped; a second failure marks the provider
 unavailable for the rest of the batch.
 
-PIPELINING (RFC 2920), when the server offers it: smtplib waits for a reply after every command,
-four round trips per message (MAIL, RCPT, DATA, the content). Pipelined, one write carries the
-previous message's content and final dot, then this message's MAIL FROM, RCPT TO and DATA
-(DATA is the last command of a group, §3.1: the content waits for its 354), and the replies are
-read back in order: one round trip per message. Each reply is judged as smtplib's would be, so
-outcomes, suppression, 421, throttling and reconnecting are the same as one by one
-(`_pipeline`). A batch is also spread over up to SMTP_CONNECTIONS connections (one per
-MESSAGES_PER_CONNECTION messages), driven in turn so that their round trips overlap
-(`_send_pipelined`). Without the extension, messages go one by one through smtplib (`send_one`).
+One exchange path, whether or not the server offers PIPELINING (RFC 2920). Each round of a
+connection (`_round`) is the previous message's content and final dot, an RSET if the last
+transaction was refused before its content, then this message's MAIL FROM, RCPT TO and DATA
+(DATA is the last command of a group, §3.1: the content waits for its 354). With PIPELINING the
+round is one write and its replies are read back in order: one round trip per message, where
+smtplib's `sendmail` makes four. Without it, every command is a group of one, written once the
+reply before it has been read (the lock-step dialogue the extension relaxes), and a transaction
+refused is sent no further.
+Every reply is judged by the same rules either way (`_reply`, `_judge_envelope`, `_judge_end`).
+A pipelined batch is also spread over up to SMTP_CONNECTIONS connections (one per
+MESSAGES_PER_CONNECTION messages), driven in turn so that their round trips overlap (`_drive`);
+without PIPELINING a batch keeps one connection.
 
-The batch's guard (base.Guard) is asked before each write: before a message's MAIL FROM is
-written (or, one by one, before `sendmail`), and again before its content, which is what hands
-it over; a message it no longer allows gets ABANDONED, and one whose content it no longer
-allows is cut off by closing the connection (`_pipeline`).
+The batch's guard (base.Guard) is asked before each message's MAIL FROM is written, and again
+before its content, which is what hands it over; a message it no longer allows gets ABANDONED,
+and one whose content it no longer allows is cut off by closing the connection (`_cut_off`).
 """
 
 from __future__ import annotations
 
-import logging
 import re
 import smtplib
 import socket
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Generator, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
 
 from delivery.exceptions import ProviderThrottled, ProviderUnavailable
-from delivery.providers.base import Guard, Outcome, OutgoingEmail, Provider, SendResult, nothing_sent
+from delivery.providers.base import Guard, Outcome, OutgoingEmail, Provider, SendResult, gone_part_way
 from delivery.providers.dkim import DkimSigner
 from delivery.providers.mime import ascii_address, bare_address, render
-
-logger = logging.getLogger(__name__)
 
 _CONNECTION_ERRORS = (smtplib.SMTPServerDisconnected, ConnectionError, socket.timeout, OSError)
 # A temporary refusal that says we are sending too fast ("451 4.7.0 Too many messages, slow
@@ -50,6 +49,12 @@ _RATE_TEXT = re.compile(r"\brate\b|too many|throttl|slow down|exceeded", re.IGNO
 _LATER_TEXT = re.compile(r"try (again )?later", re.IGNORECASE)
 # RFC 5321 §4.5.2: a line of the content that starts with "." gets one more.
 _LEADING_DOT = re.compile(rb"(?m)^\.")
+_RSET = b"RSET\r\n"
+# The reply each command of the envelope needs for its transaction to go on (RFC 5321 §4.3.2):
+# MAIL FROM 250, RCPT TO 250 (or 251, forwarded), DATA 354 (send the content); and the stage a
+# refusal of each is reported at.
+_ENVELOPE = (("sender", (250,)), ("recipient", (250, 251)), ("data", (354,)))
+_Reply = tuple[int, bytes]  # a reply's code and text
 
 
 @dataclass(slots=True)
@@ -58,14 +63,31 @@ class _Prepared:
 
     id: int
     message_id: str
-    commands: bytes  # MAIL FROM, RCPT TO, DATA
+    envelope: tuple[bytes, bytes, bytes]  # the MAIL FROM, RCPT TO and DATA command lines
     content: bytes  # dot-stuffed, ending in CRLF.CRLF
 
 
-class _Stop:
-    """Shared by the lanes of one batch: set when one of them meets a provider-wide refusal."""
+@dataclass(slots=True)
+class _Open:
+    """A transaction whose DATA got 354: its content goes first in the connection's next round."""
 
-    requested = False
+    message: _Prepared
+    failure: SendResult | None  # refused at RCPT by a server that still said 354 to DATA
+
+
+# A command of a round and what its reply settles: the envelope's replies (a list to add it to),
+# an open transaction's outcome, or (None) the RSET.
+_Step = tuple[bytes, _Open | list[_Reply] | None]
+
+
+@dataclass(slots=True)
+class _Batch:
+    """What the lanes of one batch share: the outcomes so far, the guard, and whether one of
+    them met a provider-wide refusal (the others then start nothing new)."""
+
+    guard: Guard
+    results: dict[int, SendResult] = field(default_factory=dict)
+    stopped: bool = False
 
 
 class _Lost(Exception):
@@ -152,97 +174,59 @@ class SMTPProvider(Provider):
         return self._connection
 
     def split(self, emails: Sequence[OutgoingEmail]) -> list[list[OutgoingEmail]]:
-        # One request for the whole batch: pipelined over the one connection (see send_request).
+        # One request for the whole batch, spread over this provider's connections (send_request).
         return [list(emails)] if emails else []
 
     def send_request(self, request: list[OutgoingEmail], guard: Guard) -> dict[int, SendResult]:
+        """The batch over this connection and, when the server offers PIPELINING, up to
+        `connections` of them (`_lanes`), driven in turn (`_drive`)."""
         connection = self._connect()
         try:
             connection.ehlo_or_helo_if_needed()
         except (*_CONNECTION_ERRORS, smtplib.SMTPException) as exc:
             self._drop()
             raise ProviderUnavailable(f"SMTP EHLO failed: {exc}", provider=self.name) from exc
-        if connection.has_extn("pipelining"):
-            return self._send_pipelined(request, guard)
-        return self._one_by_one(request, guard)
+        batch = _Batch(guard)
+        prepared = self._prepare_all(request, batch.results)
+        lanes = self._lanes(len(prepared)) if connection.has_extn("pipelining") else [self]
+        failures = _drive(
+            [lane._lane(prepared[i :: len(lanes)], batch) for i, lane in enumerate(lanes)], batch
+        )
+        for failure in failures:
+            if isinstance(failure, ProviderThrottled):
+                failure.partial = dict(batch.results)
+                raise failure
+        for failure in failures:
+            if isinstance(failure, ProviderUnavailable):
+                return gone_part_way(self.name, request, batch.results, failure)
+        return batch.results
 
-    def _one_by_one(self, emails: list[OutgoingEmail], guard: Guard) -> dict[int, SendResult]:
-        """send_one per email, with the base class's rules for a batch that goes wrong part-way."""
-        results: dict[int, SendResult] = {}
+    def _prepare_all(self, emails: list[OutgoingEmail], results: dict[int, SendResult]) -> list[_Prepared]:
+        prepared = []
         for email in emails:
-            if not guard.allows(email.message_id):
-                results[email.message_id] = SendResult.abandoned()
-                continue
             try:
-                results[email.message_id] = self.send_one(email)
+                prepared.append(self._prepare(email))
             except ValueError as exc:  # raised by delivery.providers.mime for what it cannot encode
                 results[email.message_id] = SendResult.unbuildable(str(exc))
-            except ProviderThrottled as exc:
-                exc.partial = dict(results)
-                raise
-            except ProviderUnavailable as exc:
-                if nothing_sent(results):
-                    raise
-                return self._rest_unavailable(emails, results, exc)
-        return results
-
-    def _rest_unavailable(
-        self, emails: list[OutgoingEmail], results: dict[int, SendResult], exc: ProviderUnavailable
-    ) -> dict[int, SendResult]:
-        # Gone part-way: what was accepted stays accepted, the rest is retried.
-        error = SendResult.transient(f"{self.name} became unavailable: {exc}")
-        for email in emails:
-            results.setdefault(email.message_id, error)
-        return results
+        return prepared
 
     def _prepare(self, email: OutgoingEmail) -> _Prepared:
+        """`email` rendered to MIME, DKIM-signed and framed: done once per message, so a
+        reconnect resends the same signed bytes."""
         message_id, data = render(email, message_id_domain=self.message_id_domain)
         sender = ascii_address(bare_address(email.from_email))
-        recipient = ascii_address(email.to)
-        # Signed once, after rendering: a reconnect resends the same signed bytes.
+        # A path is the mailbox alone (RFC 5321 §4.1.2), without the display name `to` may carry.
+        recipient = ascii_address(bare_address(email.to))
         data = self.dkim.sign(data, from_domain=sender.rpartition("@")[2])
         content = _LEADING_DOT.sub(b"..", data)
         if not content.endswith(b"\r\n"):
             content += b"\r\n"
-        commands = f"MAIL FROM:<{sender}>\r\nRCPT TO:<{recipient}>\r\nDATA\r\n".encode("ascii")
-        return _Prepared(email.message_id, message_id.strip("<>"), commands, content + b".\r\n")
-
-    def _send_pipelined(self, emails: list[OutgoingEmail], guard: Guard) -> dict[int, SendResult]:
-        """The batch over up to `connections` connections, pipelined on each, driven in turn: each
-        writes its next group before any waits for its replies, so their round trips overlap."""
-        results: dict[int, SendResult] = {}
-        prepared: list[_Prepared] = []
-        for email in emails:
-            try:
-                prepared.append(self._prepare(email))
-            except ValueError as exc:
-                results[email.message_id] = SendResult.unbuildable(str(exc))
-        lanes = self._lanes(len(prepared))
-        stop = _Stop()
-        runs = [lane._lane(prepared[i :: len(lanes)], results, stop, guard) for i, lane in enumerate(lanes)]
-        failures: list[ProviderThrottled | ProviderUnavailable] = []
-        while runs:
-            for run in list(runs):
-                try:
-                    next(run)
-                except StopIteration:
-                    runs.remove(run)
-                except (ProviderThrottled, ProviderUnavailable) as exc:
-                    # The provider refuses as a whole: the other lanes start nothing new but
-                    # finish what is in flight, so every message the server took is known.
-                    runs.remove(run)
-                    failures.append(exc)
-                    stop.requested = True
-        for failure in failures:
-            if isinstance(failure, ProviderThrottled):
-                failure.partial = dict(results)
-                raise failure
-        unavailable = [f for f in failures if isinstance(f, ProviderUnavailable)]
-        if unavailable:
-            if nothing_sent(results):
-                raise unavailable[0]
-            return self._rest_unavailable(emails, results, unavailable[0])
-        return results
+        envelope = (
+            f"MAIL FROM:<{sender}>\r\n".encode("ascii"),
+            f"RCPT TO:<{recipient}>\r\n".encode("ascii"),
+            b"DATA\r\n",
+        )
+        return _Prepared(email.message_id, message_id.strip("<>"), envelope, content + b".\r\n")
 
     def _lanes(self, messages: int) -> list[SMTPProvider]:
         """This provider's connection and one more per MESSAGES_PER_CONNECTION messages of the
@@ -260,99 +244,129 @@ class SMTPProvider(Provider):
             )  # fmt: skip
         return [self, *self._extra[: wanted - 1]]
 
-    def _lane(
-        self, pending: list[_Prepared], results: dict[int, SendResult], stop: _Stop, guard: Guard
-    ) -> Iterator[None]:
-        """This connection's share of a batch; yields after each write (see _pipeline)."""
+    def _lane(self, pending: list[_Prepared], batch: _Batch) -> Iterator[None]:
+        """This connection's share of a batch; yields after each write (see _round)."""
         reconnected: set[int] = set()
         while True:
             try:
-                yield from self._pipeline(pending, results, stop, guard)
+                yield from self._exchange(pending, batch)
                 return
             except _Lost as lost:
                 # In flight when the connection went: the first message not finished. It gets
                 # one new connection; if that goes too, the provider is unavailable.
                 self._drop()
-                pending = [p for p in pending if p.id not in results]
+                pending = [p for p in pending if p.id not in batch.results]
                 if not pending:
                     return
-                if pending[0].id in reconnected or stop.requested:
+                if pending[0].id in reconnected or batch.stopped:
                     raise ProviderUnavailable(lost.args[0], **_lost_fields(lost.exc, self.name)) from lost.exc
                 reconnected.add(pending[0].id)
             except (ProviderThrottled, ProviderUnavailable):
                 self._drop()  # replies may still be on their way: never reuse a half-read stream
                 raise
 
-    def _pipeline(
-        self, pending: list[_Prepared], results: dict[int, SendResult], stop: _Stop, guard: Guard
-    ) -> Iterator[None]:
-        """Send `pending` pipelined over this lane's connection, recording each outcome in
-        `results` as its last reply arrives; yields after each write, before reading its
-        replies. Raises _Lost when the connection goes."""
+    def _exchange(self, pending: list[_Prepared], batch: _Batch) -> Iterator[None]:
+        """Send `pending` over this lane's connection, one round per message, recording each
+        outcome in `batch.results` as its last reply arrives. Raises _Lost when the connection goes."""
         connection = self._connect()
         try:
             connection.ehlo_or_helo_if_needed()  # a new connection after a reconnect
         except (*_CONNECTION_ERRORS, smtplib.SMTPException) as exc:
             raise _Lost(f"SMTP connection lost: {exc}", exc) from exc
-        previous: _Prepared | None = None  # its DATA got 354: its content goes first in the next write
-        previous_failure: SendResult | None = None  # refused before its content was even sent
+        pipelining = connection.has_extn("pipelining")
         queue = iter(pending)
+        open_: _Open | None = None
         while True:
-            current = None if stop.requested else _next_held(queue, results, guard)
-            if previous is not None and not guard.allows(previous.id):
-                # Lost between its DATA and its content (the worker stalled waiting for the 354,
-                # say): the content would hand over a message this worker no longer holds. The
-                # transaction is left unfinished instead: a server takes a message at its final
-                # dot (RFC 5321 §4.1.1.4), so closing the connection before it drops the message;
-                # whatever is still held goes over a new connection.
-                results[previous.id] = SendResult.abandoned()
-                self._drop()
-                if not stop.requested:
-                    unsent = [] if current is None else [current]
-                    rest = _held([*unsent, *queue], results, guard)
-                    if rest:
-                        yield from self._pipeline(rest, results, stop, guard)
+            current = None if batch.stopped else _next_held(queue, batch)
+            if open_ is not None and not batch.guard.allows(open_.message.id):
+                yield from self._cut_off(open_, current, queue, batch)
                 return
-            if previous is None and current is None:
+            if open_ is None and current is None:
                 return
-            out = [previous.content] if previous is not None else []
-            # The last transaction failed before its content (refused MAIL, RCPT or DATA):
-            # RSET first, or a server still holding its MAIL would refuse the next one.
-            reset = self._needs_reset and current is not None
-            if reset:
-                out.append(b"RSET\r\n")
-            if current is not None:
-                out.append(current.commands)
-            try:
-                connection.send(b"".join(out))
-                yield
-                if previous is not None:
-                    code, reply = self._reply(connection)
-                    results[previous.id] = previous_failure or self._judge_end(previous, code, reply)
-                    previous, previous_failure = None, None
-                if reset:
-                    code, reply = self._reply(connection)
-                    if code != 250:
-                        raise _Lost(
-                            f"SMTP {code} to RSET: {_decode(reply)}",
-                            smtplib.SMTPResponseException(code, reply),
-                        )
-                    self._needs_reset = False
-                if current is None:
-                    return
-                replies = [self._reply(connection) for _ in range(3)]  # MAIL, RCPT, DATA
-            except _CONNECTION_ERRORS as exc:
-                raise _Lost(f"SMTP connection lost: {exc}", exc) from exc
-            failure = self._judge_envelope(replies)
-            if replies[2][0] == 354:
-                # (A server that said 354 after refusing the recipient still gets the content.)
-                previous, previous_failure = current, failure
-            else:
-                # _judge_envelope names the refusal: a reply other than 354 to DATA is one.
-                results[current.id] = failure or self._judge_data(*replies[2])
-                self._needs_reset = True
+            open_ = yield from self._round(connection, pipelining, open_, current, batch)
 
-    def _reply(self, connection: smtplib.SMTP) -> tuple[int, bytes]:
+    def _cut_off(
+        self, open_: _Open, current: _Prepared | None, queue: Iterator[_Prepared], batch: _Batch
+    ) -> Iterator[None]:
+        """`open_` lost between its DATA and its content (the worker stalled waiting for the 354,
+        say): the content would hand over a message this worker no longer holds. The transaction
+        is left unfinished instead: a server takes a message at its final dot (RFC 5321
+        §4.1.1.4), so closing the connection before it drops the message; whatever is still
+        held goes over a new connection."""
+        batch.results[open_.message.id] = SendResult.abandoned()
+        self._drop()
+        if batch.stopped:
+            return
+        rest = _held([*([] if current is None else [current]), *queue], batch)
+        if rest:
+            yield from self._exchange(rest, batch)
+
+    def _round(
+        self,
+        connection: smtplib.SMTP,
+        pipelining: bool,
+        open_: _Open | None,
+        current: _Prepared | None,
+        batch: _Batch,
+    ) -> Generator[None, None, _Open | None]:
+        """One round of a connection: `open_`'s content, RSET if the last transaction was refused
+        before its content (a server still holding its MAIL would refuse the next one), then
+        `current`'s MAIL FROM, RCPT TO and DATA. With PIPELINING they are one group: one write,
+        its replies read in order. Without, each command is a group of one, and a transaction
+        refused is sent no further. Yields after each write, before reading its replies; returns
+        `current` if its DATA got 354 (its content starts the next round)."""
+        envelope: list[_Reply] = []
+        steps: list[_Step] = []
+        if open_ is not None:
+            steps.append((open_.message.content, open_))
+        if current is not None:
+            if self._needs_reset:
+                steps.append((_RSET, None))
+            mail, rcpt, data = current.envelope
+            steps += [(mail, envelope), (rcpt, envelope), (data, envelope)]
+        size = len(steps) if pipelining else 1
+        try:
+            for start in range(0, len(steps), size):
+                if envelope and _refused(envelope):
+                    break  # (only without PIPELINING, where the refusal is known before the next write)
+                group = steps[start : start + size]
+                connection.send(b"".join([line for line, _ in group]))
+                yield
+                self._settle(connection, group, batch)
+        except _CONNECTION_ERRORS as exc:
+            raise _Lost(f"SMTP connection lost: {exc}", exc) from exc
+        return None if current is None else self._opened(current, envelope, batch)
+
+    def _settle(self, connection: smtplib.SMTP, group: list[_Step], batch: _Batch) -> None:
+        """Read the replies to a group, in order, each settling what its command was for: one
+        more of the envelope's, an open transaction's outcome, or the RSET."""
+        for _, settles in group:
+            code, reply = self._reply(connection)
+            if isinstance(settles, list):
+                settles.append((code, reply))
+            elif settles is not None:
+                batch.results[settles.message.id] = settles.failure or self._judge_end(
+                    settles.message, code, reply
+                )
+            elif code != 250:
+                raise _Lost(
+                    f"SMTP {code} to RSET: {_decode(reply)}", smtplib.SMTPResponseException(code, reply)
+                )
+            else:
+                self._needs_reset = False
+
+    def _opened(self, current: _Prepared, envelope: list[_Reply], batch: _Batch) -> _Open | None:
+        """`current` once its envelope's replies are in: open when DATA got 354; otherwise
+        refused, its outcome recorded and the connection due an RSET."""
+        failure = self._judge_envelope(envelope)
+        if failure is None or (len(envelope) == 3 and envelope[2][0] == 354):
+            # (A server that said 354 after refusing the recipient still gets the content.)
+            return _Open(current, failure)
+        batch.results[current.id] = failure
+        self._needs_reset = True
+        return None
+
+    def _reply(self, connection: smtplib.SMTP) -> _Reply:
         code, reply = connection.getreply()
         if code in (421, -1):
             # 421: the server is closing the channel (RFC 5321 §3.8), whatever command it
@@ -362,26 +376,25 @@ class SMTPProvider(Provider):
             raise _Lost(f"SMTP {code}: {_decode(reply)}", error)
         return code, reply
 
-    def _judge_envelope(self, replies: list[tuple[int, bytes]]) -> SendResult | None:
-        """The outcome decided by MAIL, RCPT or DATA's reply, or None when all three went well."""
-        (mail_code, mail_reply), (rcpt_code, rcpt_reply), (data_code, data_reply) = replies
-        if mail_code != 250:
-            error = smtplib.SMTPResponseException(mail_code, mail_reply)
+    def _judge_envelope(self, replies: list[_Reply]) -> SendResult | None:
+        """The outcome decided by the first reply to MAIL FROM, RCPT TO or DATA (in that order)
+        that refused the transaction, or None when each got the reply its transaction needs."""
+        for (code, reply), (stage, expected) in zip(replies, _ENVELOPE, strict=False):
+            if code in expected:
+                continue
+            if stage == "data":
+                return self._judge_data(code, reply)
+            error = smtplib.SMTPResponseException(code, reply)
             _raise_if_throttled(error)
-            if mail_code >= 500:
+            if stage == "sender" and code >= 500:
                 # Refused at MAIL FROM (530 auth required, 553 sender not allowed): our
                 # account or sender is wrong for every message. Not the recipients' fault.
                 raise ProviderUnavailable(
-                    f"SMTP {mail_code} at MAIL FROM: {_decode(mail_reply)} "
+                    f"SMTP {code} at MAIL FROM: {_decode(reply)} "
                     "(check SMTP_USERNAME/SMTP_PASSWORD and EMAILHUB_DEFAULT_FROM)",
                     **_fields(error),
                 )
-            return _result_for_code(mail_code, mail_reply, "refused at sender")
-        if rcpt_code not in (250, 251):
-            _raise_if_throttled(smtplib.SMTPResponseException(rcpt_code, rcpt_reply))
-            return _result_for_code(rcpt_code, rcpt_reply, "refused at recipient")
-        if data_code != 354:
-            return self._judge_data(data_code, data_reply)
+            return _result_for_code(code, reply, f"refused at {stage}")
         return None
 
     def _judge_end(self, sent: _Prepared, code: int, reply: bytes) -> SendResult:
@@ -418,87 +431,49 @@ class SMTPProvider(Provider):
             finally:
                 self._connection = None
 
-    def send_one(self, email: OutgoingEmail) -> SendResult:
-        message_id, data = render(email, message_id_domain=self.message_id_domain)
-        sender = ascii_address(bare_address(email.from_email))
-        # Signed once, after rendering: a reconnect below resends the same signed bytes.
-        data = self.dkim.sign(data, from_domain=sender.rpartition("@")[2])
-        for attempt in (1, 2):
-            connection = self._connect()
-            stage = "recipient"
+
+def _drive(lanes: list[Iterator[None]], batch: _Batch) -> list[ProviderThrottled | ProviderUnavailable]:
+    """Run a batch's lanes in turn, one write each, so their round trips overlap, until all are
+    done; return the provider-wide refusals that ended any of them."""
+    failures: list[ProviderThrottled | ProviderUnavailable] = []
+    while lanes:
+        for lane in list(lanes):
             try:
-                try:
-                    refused = connection.sendmail(sender, [ascii_address(email.to)], data)
-                except smtplib.SMTPRecipientsRefused as exc:
-                    code, reply = next(iter(exc.recipients.values()))
-                    raise smtplib.SMTPResponseException(code, reply) from exc
-                except smtplib.SMTPSenderRefused:
-                    stage = "sender"
-                    raise
-                except smtplib.SMTPDataError:
-                    stage = "data"
-                    raise
-            except smtplib.SMTPResponseException as exc:
-                if exc.smtp_code in (421, -1):
-                    # 421: the server is closing the channel (RFC 5321 §3.8), whatever command
-                    # it answered. That is the server going away, not a bad recipient.
-                    self._drop()
-                    _raise_if_throttled(exc)  # ... unless it says we are going too fast
-                    if attempt == 1:
-                        continue
-                    raise ProviderUnavailable(
-                        f"SMTP {exc.smtp_code}: {_decode(exc.smtp_error)}", **_fields(exc)
-                    ) from exc
-                _raise_if_throttled(exc)
-                if stage == "sender" and exc.smtp_code >= 500:
-                    # Refused at MAIL FROM (530 auth required, 553 sender not allowed): our
-                    # account or sender is wrong for every message. Not the recipients' fault.
-                    raise ProviderUnavailable(
-                        f"SMTP {exc.smtp_code} at MAIL FROM: {_decode(exc.smtp_error)} "
-                        "(check SMTP_USERNAME/SMTP_PASSWORD and EMAILHUB_DEFAULT_FROM)",
-                        **_fields(exc),
-                    ) from exc
-                result = _result_for_code(exc.smtp_code, exc.smtp_error, f"refused at {stage}")
-                if stage == "data" and result.outcome is Outcome.PERMANENT:
-                    # 5xx after DATA (content rejected, too large): the message is at fault,
-                    # the address may be fine, so it is not suppressed.
-                    return SendResult(Outcome.PERMANENT, error=result.error, suppress=False)
-                return result
-            except _CONNECTION_ERRORS as exc:
-                self._drop()
-                if attempt == 1:
-                    continue  # the persistent connection went stale: reconnect once
-                raise ProviderUnavailable(f"SMTP connection lost: {exc}", provider=self.name) from exc
-            if refused:
-                code, reply = next(iter(refused.values()))
-                return _result_for_code(code, reply, "recipient refused")
-            return SendResult.accepted(message_id.strip("<>"))
-        raise AssertionError("unreachable")  # pragma: no cover
+                next(lane)
+            except StopIteration:
+                lanes.remove(lane)
+            except (ProviderThrottled, ProviderUnavailable) as exc:
+                # The provider refuses as a whole: the other lanes start nothing new but
+                # finish what is in flight, so every message the server took is known.
+                lanes.remove(lane)
+                failures.append(exc)
+                batch.stopped = True
+    return failures
 
 
-def _next_held(queue: Iterator[_Prepared], results: dict[int, SendResult], guard: Guard) -> _Prepared | None:
+def _refused(envelope: list[_Reply]) -> bool:
+    """Whether one of these replies to MAIL FROM, RCPT TO and DATA (in order) refused them."""
+    return any(code not in expected for (code, _), (_, expected) in zip(envelope, _ENVELOPE, strict=False))
+
+
+def _next_held(queue: Iterator[_Prepared], batch: _Batch) -> _Prepared | None:
     """The next message of `queue` the guard allows; those it does not are ABANDONED on the way."""
     for prepared in queue:
-        if guard.allows(prepared.id):
+        if batch.guard.allows(prepared.id):
             return prepared
-        results[prepared.id] = SendResult.abandoned()
+        batch.results[prepared.id] = SendResult.abandoned()
     return None
 
 
-def _held(prepared: Iterable[_Prepared], results: dict[int, SendResult], guard: Guard) -> list[_Prepared]:
+def _held(prepared: Iterable[_Prepared], batch: _Batch) -> list[_Prepared]:
     """The messages the guard allows; the others are ABANDONED."""
     held = []
     for message in prepared:
-        if guard.allows(message.id):
+        if batch.guard.allows(message.id):
             held.append(message)
         else:
-            results[message.id] = SendResult.abandoned()
+            batch.results[message.id] = SendResult.abandoned()
     return held
-
-
-def lost_at(pending: list[_Prepared], results: dict[int, SendResult]) -> int:
-    """Index of the first message of `pending` without an outcome yet."""
-    return next(i for i, p in enumerate(pending) if p.id not in results)
 
 
 def _lost_fields(exc: BaseException, provider: str) -> dict[str, Any]:
