@@ -18,7 +18,6 @@ LEFT = {
     "delivery.breakers: breaker._lock": "pybreaker's lock around the replayed call",
     "delivery.permissions: generator._get_paths_and_endpoints": "drf-spectacular's hook has no public list",
     "delivery.providers.smtp: lane._lane": "first-party: another instance of the same class",
-    "delivery.services.messages: message._state": "a Message built from the INSERT's RETURNING row",
     "core.api_schema: super()._map_serializer_field": "drf-spectacular's AutoSchema extension points",
     "core.api_schema: super()._insert_field_validators": "drf-spectacular's AutoSchema extension points",
     "core.api_schema: super()._map_basic_serializer": "drf-spectacular's AutoSchema extension points",

@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import DEFAULT_DB_ALIAS, transaction
 from django.utils import timezone
 
 from campaigns.models import Template
@@ -81,12 +81,26 @@ def accept_message(
         if existing.request_fingerprint != fingerprint:
             raise IdempotencyConflict("this Idempotency-Key was already used with a different request body")
         return existing, False
-    message = Message(api_key=api_key, template=new.template, **columns)
-    message.pk, message.created_at = inserted
-    message._state.adding, message._state.db = False, "default"
+    message = _stored(columns, api_key, new.template, *inserted)
     if scheduled:
         index_after_commit([(message_unit(message.pk), row["due_at"])])
     return message, True
+
+
+def _stored(
+    columns: dict[str, Any], api_key: ApiKey | None, template: Template | None, pk: int, created_at: datetime
+) -> Message:
+    """The Message the INSERT stored, as if loaded (Model.from_db): every column from what was
+    written and what RETURNING gave back, no query; the key and template it was given attached."""
+    values = {**columns, "id": pk, "created_at": created_at, "api_key_id": None, "template_id": None}
+    fields = Message._meta.concrete_fields
+    message = Message.from_db(
+        DEFAULT_DB_ALIAS,
+        [f.attname for f in fields],
+        [values[f.attname] if f.attname in values else f.get_default() for f in fields],
+    )
+    message.api_key, message.template = api_key, template
+    return message
 
 
 def _columns(
