@@ -718,7 +718,7 @@ def kill_run(
     args: argparse.Namespace, env: dict[str, str], audience: tuple[int, int, int], number: int
 ) -> dict[str, Any]:
     from campaigns import lifecycle
-    from core.models import OutboxEvent
+    from core.models import OutboxTask
 
     list_id, expected, suppressed = audience
     reset_state()
@@ -746,7 +746,7 @@ def kill_run(
         stack.kill("fanout")  # SIGKILL to the worker's whole process group, as a crash would
         stack.stop("fanout")  # forgets it (it is dead: nothing is sent), so check_alive passes
         killed_at = campaign_row(campaign_id)
-        unpublished = OutboxEvent.objects.count()
+        unpublished = OutboxTask.objects.count()
         if killed_at["fanout_done"]:
             raise RuntimeError(f"fan-out finished before the kill: {killed_at}")
         start_bulk(stack, "campaigns", "fanout-again")

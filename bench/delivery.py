@@ -6,7 +6,7 @@ Run from the repository root, after `make test` has set up the services:
                                        [--messages 10000] [--outage-seconds 60]
 
 Everything is the real pipeline except the providers' far ends: `queued` rows in PostgreSQL,
-`delivery.send_messages` tasks published with send_events.record_send onto the Redis broker, the
+`delivery.send_messages` tasks published with send_tasks.record_send onto the Redis broker, the
 standard `worker-bulk` command of scripts/stack.py (concurrency 2) started with env overrides,
 the `scheduler` and gunicorn where a scenario needs them, and the real provider clients (smtplib,
 boto3 sesv2, the sendgrid library) talking to local servers: Postfix `smtp-sink` (C, see
@@ -132,7 +132,7 @@ class Context:
     def reset(self) -> None:
         """Empty tables, broker, breakers and every server's record and injected faults."""
         with connection.cursor() as cursor:
-            cursor.execute("TRUNCATE delivery_message, delivery_outboxevent, campaigns_suppression CASCADE")
+            cursor.execute("TRUNCATE delivery_message, core_outboxtask, campaigns_suppression CASCADE")
         redis.Redis.from_url(REDIS_URL).flushdb()
         self.ses.reset()
         self.sendgrid.clear()
@@ -178,12 +178,12 @@ def new_messages(count: int, tag: str) -> list[int]:
 
 
 def publish(ids: list[int], batch: int = BATCH) -> None:
-    """One outbox event per `batch` ids in one transaction, as the sweeps do; published on commit."""
-    from delivery.services import send_events
+    """One outbox task per `batch` ids in one transaction, as the sweeps do; published on commit."""
+    from delivery.services import send_tasks
 
     with transaction.atomic():
         for start in range(0, len(ids), batch):
-            send_events.record_send(ids[start : start + batch], "normal")
+            send_tasks.record_send(ids[start : start + batch], "normal")
 
 
 def query(sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
@@ -357,7 +357,7 @@ class Feeder(threading.Thread):
         self.error: BaseException | None = None
 
     def run(self) -> None:
-        from delivery.services import send_events
+        from delivery.services import send_tasks
 
         next_at = time.monotonic()
         try:
@@ -366,7 +366,7 @@ class Feeder(threading.Thread):
                     break
                 ids = self.pool[start : start + self.batch]
                 with transaction.atomic():
-                    send_events.record_send(ids, "normal")
+                    send_tasks.record_send(ids, "normal")
                 self.published.append((time.time(), ids))
                 next_at += self.interval  # a fixed schedule, so slow publishes do not lower the rate
                 self.stopping.wait(max(0.0, next_at - time.monotonic()))

@@ -15,7 +15,7 @@ Data, not timed: the contacts, their list memberships and the suppressions (ever
 has the right number of members. Their emails, `b<size>s<every>-<n>@example.com`, keep lists of
 different sizes apart.
 
-Each run starts from an emptied `delivery_message`/`delivery_outboxevent`, a flushed Redis
+Each run starts from an emptied `delivery_message`/`core_outboxtask`, a flushed Redis
 database 11 and a CHECKPOINT (so the WAL of the previous run is not flushed during this one),
 creates a campaign already `sending` (not through lifecycle.schedule, which would also publish a
 fan-out task that nobody here consumes), then starts a fresh Python process that runs
@@ -29,7 +29,7 @@ campaigns.fanout.fan_out(campaign_id) once, as the `campaigns.fan_out` task does
   its PostgreSQL backend (/proc/<backend pid>/stat) over the call: where the time goes;
 - splits the wall time by wrapping, in that process only, what fan_out() calls: the step's
   INSERT … SELECT, the database COMMIT (where the deferred foreign-key checks run),
-  send_events.record_sends and the publishing after commit; a perf_counter pair each, per step.
+  send_tasks.record_sends and the publishing after commit; a perf_counter pair each, per step.
 The parent then checks: rows == non-suppressed list members, the Redis list `normal` holds exactly
 one task per 100 ids of each step (no worker runs here to consume them), the outbox is empty.
 After the runs, one step is run once more under EXPLAIN (ANALYZE, BUFFERS) in a rolled-back
@@ -108,7 +108,7 @@ def one_run(
     args: argparse.Namespace, env: dict[str, str], list_id: int, expected: int, number: int
 ) -> dict[str, Any]:
     from campaigns.models import Campaign
-    from core.models import OutboxEvent
+    from core.models import OutboxTask
     from delivery.models import Message
 
     reset_state(REDIS_URL)
@@ -145,7 +145,7 @@ def one_run(
             # Redis databases are numbered, not owned: another bench or test run may empty ours.
             + (f" (and Redis saw {flushes} FLUSHDB/FLUSHALL meanwhile, not from here)" if flushes else "")
         )
-    if (left := OutboxEvent.objects.count()) != 0:
+    if (left := OutboxTask.objects.count()) != 0:
         problems.append(f"{left} outbox rows left unpublished")
     if problems:
         raise RuntimeError("; ".join(problems))

@@ -385,7 +385,7 @@ def wait_until_queued(ids: list[int], timeout: float, poll: float) -> None:
         while True:
             cursor.execute(
                 """SELECT (SELECT count(*) FROM delivery_message WHERE id = ANY(%s) AND status = 'scheduled'),
-                          (SELECT count(*) FROM delivery_outboxevent)""",
+                          (SELECT count(*) FROM core_outboxtask)""",
                 [ids],
             )
             scheduled, outbox = cursor.fetchone()
@@ -450,7 +450,7 @@ def one_dispatch_run(
 ) -> dict[str, Any]:
     # Same starting point for every run: empty tables, empty index and broker, fresh processes.
     with connection.cursor() as cursor:
-        cursor.execute("TRUNCATE delivery_message, delivery_outboxevent CASCADE")
+        cursor.execute("TRUNCATE delivery_message, core_outboxtask CASCADE")
     r.flushdb()
     stack = Stack(env=env, log_dir=LOG_DIR)
     try:

@@ -205,7 +205,7 @@ def one_run(args: argparse.Namespace, env: dict[str, str], api_key: str, number:
     result: dict[str, Any] = reference_phase(args, api_key, number)
     # Same starting point for every run: empty tables, empty broker, fresh processes.
     with connection.cursor() as cursor:
-        cursor.execute("TRUNCATE delivery_message, delivery_outboxevent CASCADE")
+        cursor.execute("TRUNCATE delivery_message, core_outboxtask CASCADE")
     redis.Redis.from_url(REDIS_URL).flushdb()
     sink = open_sink(args.sink)
     stack = Stack(env={**env, "SMTP_PORT": str(sink.port)}, log_dir=LOG_DIR)

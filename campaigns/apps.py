@@ -8,6 +8,6 @@ class CampaignsConfig(AppConfig):
     def ready(self) -> None:
         # Imported here, not at the top: the module reaches core.outbox and its model, which
         # exist only once the app registry is ready.
-        from campaigns import checks, fanout_events  # noqa: F401 - checks registers the system checks
+        from campaigns import checks, fanout_tasks  # noqa: F401 - checks registers the system checks
 
-        fanout_events.register()
+        fanout_tasks.register()

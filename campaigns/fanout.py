@@ -36,7 +36,7 @@ from campaigns.selectors import AUDIENCE_TABLES, WindowPlan
 from core import statistics
 from core.localtime import due_by_timezone
 from core.schedule_index import index_after_commit, slot_unit
-from delivery.services import send_events, transitions
+from delivery.services import send_tasks, transitions
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ def _fan_out(
                 # The same slot units: at most (24 hours × distinct UTC offsets) + 1 instants.
                 index_after_commit([(slot_unit(campaign.pk, due), due) for due in plan.dues()])
             elif ids:
-                send_events.record_sends(
+                send_tasks.record_sends(
                     ids,
                     campaign.priority,
                     settings.EMAILHUB_BATCH_SIZES[campaign.priority],

@@ -13,7 +13,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from campaigns import fanout_events
+from campaigns import fanout_tasks
 from campaigns.exceptions import CampaignStateError, InvalidSchedule
 from campaigns.fanout import local_dues, wait_for_step
 from campaigns.models import Campaign
@@ -225,7 +225,7 @@ def schedule(
         ) or (scheduled_at and scheduled_at <= now):
             campaign.status = Status.SENDING
             campaign.started_at = now
-            fanout_events.record_fan_out(campaign.pk)
+            fanout_tasks.record_fan_out(campaign.pk)
         elif scheduled_at is not None:  # `at` in the future (checked above: `at` needs scheduled_at)
             campaign.status = Status.SCHEDULED
             index_after_commit([(campaign_unit(campaign.pk), scheduled_at)])
@@ -259,7 +259,7 @@ def start_campaigns(campaign_ids: list[int]) -> list[int]:
         )
         started = [row[0] for row in cursor.fetchall()]
         for campaign_id in started:
-            fanout_events.record_fan_out(campaign_id)
+            fanout_tasks.record_fan_out(campaign_id)
     return started
 
 
@@ -289,7 +289,7 @@ def resume(campaign_id: int) -> Campaign:
         else:
             campaign.status = Status.SENDING
             campaign.started_at = campaign.started_at or timezone.now()
-            fanout_events.record_fan_out(campaign.pk, requeue=True)
+            fanout_tasks.record_fan_out(campaign.pk, requeue=True)
         campaign.save(update_fields=["status", "started_at", "updated_at"])
     return campaign
 
@@ -384,6 +384,6 @@ def resume_stalled_fanouts(stale_seconds: float | None = None) -> int:
             .values_list("pk", flat=True)[:100]
         )
         for campaign_id in stalled:
-            fanout_events.record_fan_out(campaign_id)
+            fanout_tasks.record_fan_out(campaign_id)
         Campaign.objects.filter(pk__in=stalled).update(updated_at=timezone.now())
     return len(stalled)

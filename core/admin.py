@@ -21,7 +21,7 @@ from django.utils.html import format_html
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.safestring import SafeString
 
-from core.models import OutboxEvent
+from core.models import OutboxTask
 from core.operator_zone import TIMEZONE_COOKIE, operator_zone_name
 from core.timezones import known_timezones
 
@@ -174,8 +174,8 @@ class ReadOnlyAdmin(ZonedTimesMixin):
         return request.user.has_perm(f"{meta.app_label}.change_{meta.model_name}")
 
 
-@admin.register(OutboxEvent)
-class OutboxEventAdmin(ReadOnlyAdmin):
+@admin.register(OutboxTask)
+class OutboxTaskAdmin(ReadOnlyAdmin):
     """The relay's work list: deleting a row would lose the task it announces."""
 
     list_display = ("id", "kind", "payload", "created_at")

@@ -6,7 +6,7 @@ from django.db import models
 from django.db.models.functions import Now
 
 
-class OutboxEvent(models.Model):
+class OutboxTask(models.Model):
     """A task to publish, written in the same transaction as the change it announces.
 
     The row is deleted once the task is on the broker; a row that is still here a couple of
@@ -19,8 +19,6 @@ class OutboxEvent(models.Model):
     created_at = models.DateTimeField(db_default=Now(), editable=False)
 
     class Meta:
-        # The table predates the core app (it was delivery's); keeping its name moved no data.
-        db_table = "delivery_outboxevent"
         ordering = ["id"]
 
     def __str__(self) -> str:

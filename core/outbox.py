@@ -5,7 +5,7 @@ deleted, so latency stays low. If the process dies between commit and publish, o
 is unreachable, the row stays and the relay (a beat task every second) publishes it.
 Publishing twice is harmless: every task starts with a conditional claim in PostgreSQL.
 
-The outbox names no app's task: each app registers its event kinds from its AppConfig.ready
+The outbox names no app's task: each app registers its task kinds from its AppConfig.ready
 (`register_kind`), saying which task a kind publishes, with which arguments, on which queue.
 """
 
@@ -26,7 +26,7 @@ from django.db.models import Min
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from core.models import OutboxEvent
+from core.models import OutboxTask
 from emailhub.celery import app as celery_app
 
 logger = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ Payload = dict[str, Any]
 
 
 @dataclass(frozen=True)
-class EventKind:
+class TaskKind:
     """How an outbox row of one kind becomes a task: its name, arguments and queue."""
 
     task_name: str
@@ -44,7 +44,7 @@ class EventKind:
     kwargs: Callable[[Payload], dict[str, Any]] | None = None
 
 
-_kinds: dict[str, EventKind] = {}
+_kinds: dict[str, TaskKind] = {}
 
 
 def register_kind(
@@ -55,14 +55,14 @@ def register_kind(
     queue: Callable[[Payload], str],
     kwargs: Callable[[Payload], dict[str, Any]] | None = None,
 ) -> None:
-    """Say how events of `kind` are published. Registering a kind again with the same task
+    """Say how tasks of `kind` are published. Registering a kind again with the same task
     replaces it (AppConfig.ready may run twice in tests); another task for it is a mistake."""
-    if len(kind) > OutboxEvent._meta.get_field("kind").max_length:  # type: ignore[operator]
-        raise ValueError(f"outbox event kind {kind!r} is longer than the kind column")
+    if len(kind) > OutboxTask._meta.get_field("kind").max_length:  # type: ignore[operator]
+        raise ValueError(f"outbox task kind {kind!r} is longer than the kind column")
     known = _kinds.get(kind)
     if known is not None and known.task_name != task_name:
-        raise ValueError(f"outbox event kind {kind!r} is already registered for {known.task_name}")
-    _kinds[kind] = EventKind(task_name, args, queue, kwargs)
+        raise ValueError(f"outbox task kind {kind!r} is already registered for {known.task_name}")
+    _kinds[kind] = TaskKind(task_name, args, queue, kwargs)
 
 
 def registered_kinds() -> dict[str, str]:
@@ -71,10 +71,10 @@ def registered_kinds() -> dict[str, str]:
 
 
 def task_for(kind: str, payload: Payload) -> Task:
-    """The task an event of `kind` with `payload` publishes."""
+    """The task an outbox row of `kind` with `payload` publishes."""
     spec = _kinds.get(kind)
     if spec is None:
-        raise ValueError(f"unknown outbox event kind {kind!r}")
+        raise ValueError(f"unknown outbox task kind {kind!r}")
     kwargs = spec.kwargs(payload) if spec.kwargs is not None else {}
     return Task(spec.task_name, spec.args(payload), kwargs, spec.queue(payload))
 
@@ -160,25 +160,25 @@ def publisher() -> Publisher:
     return _publisher[1]
 
 
-def _publish_all(events: list[tuple[int, str, Payload]], published: list[int]) -> None:
-    """Publish `events`, appending each id that went out to `published`; a failure propagates,
+def _publish_all(rows: list[tuple[int, str, Payload]], published: list[int]) -> None:
+    """Publish the tasks of `rows` (id, kind, payload), appending each id that went out to `published`; a failure propagates,
     and `published` still says what went out (Publisher.publish)."""
-    tasks = [task_for(kind, payload) for _, kind, payload in events]
+    tasks = [task_for(kind, payload) for _, kind, payload in rows]
     start = len(published)
 
     def sent(count: int) -> None:
         done = len(published) - start
-        published.extend(event_id for event_id, _, _ in events[done : done + count])
+        published.extend(row_id for row_id, _, _ in rows[done : done + count])
 
     publisher().publish(tasks, sent)
 
 
-def _publish_after_commit(events: list[tuple[int, str, Payload]]) -> None:
+def _publish_after_commit(rows: list[tuple[int, str, Payload]]) -> None:
     published: list[int] = []
     try:
-        _publish_all(events, published)
+        _publish_all(rows, published)
     except Exception as exc:  # noqa: BLE001 - the relay publishes what we could not
-        logger.warning("publishing %d outbox event(s) failed (%s); the relay will retry", len(events), exc)
+        logger.warning("publishing %d outbox task(s) failed (%s); the relay will retry", len(rows), exc)
     if published:
         _delete(published)
 
@@ -191,33 +191,31 @@ def _publish_after_commit(events: list[tuple[int, str, Payload]]) -> None:
 # one: the combined INSERT and the DELETE were 54% and 23% of a request's wall time in py-spy.
 _DELETE_SQL = """
 WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true))
-DELETE FROM delivery_outboxevent WHERE id = ANY(%s) AND EXISTS (SELECT FROM relaxed)
+DELETE FROM core_outboxtask WHERE id = ANY(%s) AND EXISTS (SELECT FROM relaxed)
 """
 
 
-def _delete(event_ids: list[int]) -> None:
+def _delete(row_ids: list[int]) -> None:
     # Plain SQL: QuerySet.delete() runs Django's deletion collector, ~1 ms per request here for
     # a table nothing references (profiled on POST /api/v1/messages).
     with connection.cursor() as cursor:
-        cursor.execute(_DELETE_SQL, [event_ids])
+        cursor.execute(_DELETE_SQL, [row_ids])
 
 
-def record_many(events: list[tuple[str, Payload]], *, publish_on: Executor | None = None) -> None:
-    """Record events in the caller's transaction (one INSERT) and publish them after it commits.
+def record_many(tasks: list[tuple[str, Payload]], *, publish_on: Executor | None = None) -> None:
+    """Record tasks ((kind, payload)) in the caller's transaction (one INSERT) and publish them after it commits.
 
     With `publish_on` (an executor), publishing happens on its thread, so the caller can go on
     with its next transaction meanwhile (fan-out does); the caller waits for the executor before
     it finishes. A crash before they are published leaves the rows to the relay, as always.
     """
-    if not events:
+    if not tasks:
         return
-    for kind, _ in events:
+    for kind, _ in tasks:
         if kind not in _kinds:
             # Refused before the row exists: the relay could never publish it.
-            raise ValueError(f"unknown outbox event kind {kind!r}")
-    rows = OutboxEvent.objects.bulk_create(
-        [OutboxEvent(kind=kind, payload=payload) for kind, payload in events]
-    )
+            raise ValueError(f"unknown outbox task kind {kind!r}")
+    rows = OutboxTask.objects.bulk_create([OutboxTask(kind=kind, payload=payload) for kind, payload in tasks])
     pending = [(row.pk, row.kind, row.payload) for row in rows]
     if publish_on is None:
         transaction.on_commit(lambda: _publish_after_commit(pending))
@@ -229,60 +227,60 @@ def record(kind: str, payload: Payload) -> None:
     record_many([(kind, payload)])
 
 
-def insert_with_event(
+def insert_with_task(
     statement: str, params: Sequence[Any], kind: str, payload_sql: str, payload_params: Sequence[Any] = ()
 ) -> tuple[Any, ...] | None:
-    """Run the caller's `INSERT … RETURNING …` and record one event of `kind` in the same SQL
+    """Run the caller's `INSERT … RETURNING …` and record one task of `kind` in the same SQL
     statement, then publish it after commit as record_many does. Returns the statement's row, or
     None (and records nothing) when it inserted none.
 
-    `payload_sql` is the event's JSON payload as a SQL expression over the returned columns,
+    `payload_sql` is the task's JSON payload as a SQL expression over the returned columns,
     which it names `inserted` (e.g. `jsonb_build_object('id', inserted.id, 'n', %s)` with
     `payload_params` `[3]`). One statement is
     one round trip, and outside a transaction (autocommit) it is its own transaction: the row
-    and its event commit together without BEGIN, SAVEPOINT or COMMIT (POST /api/v1/messages:
+    and its task commit together without BEGIN, SAVEPOINT or COMMIT (POST /api/v1/messages:
     8 round trips became 3 with the health check and the DELETE, docs/architecture.md).
     """
     if kind not in _kinds:
-        raise ValueError(f"unknown outbox event kind {kind!r}")
+        raise ValueError(f"unknown outbox task kind {kind!r}")
     sql = (
-        f"WITH inserted AS ({statement}), event AS ("
-        f"INSERT INTO delivery_outboxevent (kind, payload) SELECT %s, {payload_sql} FROM inserted"
-        " RETURNING id, payload::text) SELECT inserted.*, event.* FROM inserted, event"
+        f"WITH inserted AS ({statement}), task AS ("
+        f"INSERT INTO core_outboxtask (kind, payload) SELECT %s, {payload_sql} FROM inserted"
+        " RETURNING id, payload::text) SELECT inserted.*, task.* FROM inserted, task"
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, [*params, kind, *payload_params])
         found = cursor.fetchone()
     if found is None:
-        return None  # the caller's INSERT inserted nothing (ON CONFLICT DO NOTHING): no event
-    *row, event_id, payload = found
-    pending = [(event_id, kind, json.loads(payload))]
+        return None  # the caller's INSERT inserted nothing (ON CONFLICT DO NOTHING): no task
+    *row, row_id, payload = found
+    pending = [(row_id, kind, json.loads(payload))]
     transaction.on_commit(lambda: _publish_after_commit(pending))
     return tuple(row)
 
 
 def oldest_pending(kind: str) -> datetime | None:
-    """When the oldest unpublished event of `kind` was recorded (None: none is waiting)."""
-    return OutboxEvent.objects.filter(kind=kind).aggregate(oldest=Min("created_at"))["oldest"]
+    """When the oldest unpublished task of `kind` was recorded (None: none is waiting)."""
+    return OutboxTask.objects.filter(kind=kind).aggregate(oldest=Min("created_at"))["oldest"]
 
 
 def relay(limit: int = 500) -> int:
     """Publish outbox rows that were committed but not published; return how many went out."""
     cutoff = timezone.now() - timedelta(seconds=settings.EMAILHUB_OUTBOX_GRACE_SECONDS)
     with transaction.atomic():
-        events = list(
-            OutboxEvent.objects.select_for_update(skip_locked=True)
+        rows = list(
+            OutboxTask.objects.select_for_update(skip_locked=True)
             .filter(created_at__lte=cutoff)
             .order_by("id")
             .values_list("id", "kind", "payload")[:limit]
         )
         published: list[int] = []
         try:
-            _publish_all(events, published)
+            _publish_all(rows, published)
         except Exception as exc:  # noqa: BLE001 - leave the rest for the next tick
-            logger.warning("outbox relay stopped after %d event(s): %s", len(published), exc)
+            logger.warning("outbox relay stopped after %d task(s): %s", len(published), exc)
         if published:
             _delete(published)
     if published:
-        logger.info("outbox relay published %d event(s)", len(published))
+        logger.info("outbox relay published %d task(s)", len(published))
     return len(published)

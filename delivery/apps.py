@@ -11,9 +11,9 @@ class DeliveryConfig(AppConfig):
             checks,  # noqa: F401 - registers the system checks
             selectors,
         )
-        from delivery.services import send_events
+        from delivery.services import send_tasks
 
-        send_events.register()
+        send_tasks.register()
         metrics.register_scrape_gauge(
             "circuits",
             "emailhub_circuit_state",

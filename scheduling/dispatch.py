@@ -14,7 +14,7 @@ from django.db import transaction
 
 from campaigns.lifecycle import start_campaigns
 from core.schedule_index import Unit, index_after_commit, message_unit
-from delivery.services import send_events, transitions
+from delivery.services import send_tasks, transitions
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ def dispatch(units: list[Unit], timings: dict[str, float] | None = None) -> int:
             queued += transitions.queue_slot(campaign_id, epoch)
         if campaigns:
             start_campaigns(campaigns)
-        send_events.record_sends_by_priority(queued)
+        send_tasks.record_sends_by_priority(queued)
         statements_done = time.perf_counter()
     if timings is not None:
         timings["sql"] = statements_done - started

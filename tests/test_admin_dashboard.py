@@ -25,7 +25,7 @@ from campaigns import fanout, lifecycle
 from campaigns.models import Campaign, Contact
 from core import redis_clients
 from core.admin import zoned_text
-from core.models import OutboxEvent
+from core.models import OutboxTask
 from core.operator_zone import TIMEZONE_COOKIE
 from delivery import breakers, selectors
 from delivery.exceptions import ProviderUnavailable
@@ -401,9 +401,9 @@ def test_beat_schedules_are_hidden_and_periodic_tasks_are_read_only_but_for_enab
 
 
 def test_the_outbox_is_read_only(admin_client: Client) -> None:
-    event = OutboxEvent.objects.create(kind="send_messages", payload={"ids": [1]})
-    assert admin_client.get(reverse("admin:core_outboxevent_add")).status_code == 403
-    change = reverse("admin:core_outboxevent_change", args=[event.pk])
+    event = OutboxTask.objects.create(kind="send_messages", payload={"ids": [1]})
+    assert admin_client.get(reverse("admin:core_outboxtask_add")).status_code == 403
+    change = reverse("admin:core_outboxtask_change", args=[event.pk])
     assert 'name="_save"' not in admin_client.get(change).content.decode()
     assert admin_client.post(change, {"kind": "x"}).status_code == 403
 

@@ -16,7 +16,7 @@ from django.utils import timezone
 from campaigns import lifecycle
 from campaigns.models import Campaign, Contact, ContactList, Suppression, Template
 from core import schedule_index
-from core.models import OutboxEvent
+from core.models import OutboxTask
 from delivery.models import Message, MessageStatus
 from delivery.services.sending import send_messages
 from delivery.testing.smtp_server import SMTPTestServer
@@ -119,15 +119,13 @@ def test_save_on_an_open_retry_wait_page_after_the_worker_sent_it_changes_nothin
         "sent", sent.due_at, sent.attempts, sent.sent_at, "ann@example.com",
     )  # fmt: skip
     # Nothing could send it again: no unit in the schedule index, no task waiting in the outbox.
-    assert redis.zcard(schedule_index.DUE) == 0 and not OutboxEvent.objects.exists()
+    assert redis.zcard(schedule_index.DUE) == 0 and not OutboxTask.objects.exists()
     assert send_messages([message.pk]).claimed == 0 and smtp.count == 1
 
 
 def test_message_and_outbox_pages_show_fields_with_no_add_save_or_delete(admin_client: Client) -> None:
     message = Message.objects.create(to_email="ann@example.com", subject="Hi", text="hello", priority="high")
-    event = OutboxEvent.objects.create(
-        kind="send_messages", payload={"ids": [message.pk], "priority": "high"}
-    )
+    event = OutboxTask.objects.create(kind="send_messages", payload={"ids": [message.pk], "priority": "high"})
     for obj in (message, event):
         page = admin_client.get(change_url(obj)).content.decode()
         assert "ann@example.com" in page or "send_messages" in page
@@ -140,7 +138,7 @@ def test_message_and_outbox_pages_show_fields_with_no_add_save_or_delete(admin_c
             changelist(type(obj)), {"action": "delete_selected", "_selected_action": [obj.pk], "post": "yes"}
         ).status_code in (200, 302)
     assert Message.objects.filter(pk=message.pk, status="queued").exists()
-    assert OutboxEvent.objects.filter(pk=event.pk).exists()
+    assert OutboxTask.objects.filter(pk=event.pk).exists()
 
 
 def test_retry_failed_requeues_with_attempts_reset_and_skips_suppressed_and_moved_rows(

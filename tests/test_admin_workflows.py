@@ -26,7 +26,7 @@ from campaigns.fanout import fan_out
 from campaigns.import_jobs import run_import_job
 from campaigns.models import Campaign, Contact, ContactList, ImportChunk, ImportJob, ListMembership, Template
 from core.localtime import localize
-from core.models import OutboxEvent
+from core.models import OutboxTask
 from core.operator_zone import TIMEZONE_COOKIE
 from delivery.models import EmailEvent, Message
 from delivery.services.sending import send_messages
@@ -247,7 +247,7 @@ def test_a_bad_schedule_is_an_error_on_its_field_and_changes_nothing(
     assert says in " ".join(errors.get(field, [])), errors
     draft.refresh_from_db()
     assert (draft.status, draft.scheduled_at, draft.local_date) == ("draft", None, None)
-    assert not OutboxEvent.objects.exists()
+    assert not OutboxTask.objects.exists()
 
 
 def test_the_schedule_form_offers_no_type_until_one_is_chosen_and_refuses_a_post_without_one(
@@ -266,7 +266,7 @@ def test_the_schedule_form_offers_no_type_until_one_is_chosen_and_refuses_a_post
     assert field_errors(response) == {"type": ["choose when to send: immediate, at, local_time or optimized"]}
     assert "choose when to send" in response.content.decode()
     draft.refresh_from_db()
-    assert (draft.status, draft.scheduled_at) == ("draft", None) and not OutboxEvent.objects.exists()
+    assert (draft.status, draft.scheduled_at) == ("draft", None) and not OutboxTask.objects.exists()
 
 
 @pytest.mark.parametrize(
@@ -301,7 +301,7 @@ def test_a_filled_date_or_time_the_chosen_type_ignores_is_refused_by_name(
         )
     draft.refresh_from_db()
     assert (draft.status, draft.scheduled_at, draft.local_date) == ("draft", None, None)
-    assert not OutboxEvent.objects.exists()
+    assert not OutboxTask.objects.exists()
 
 
 def test_a_campaign_scheduled_by_someone_else_under_the_open_form_is_not_scheduled_again(
@@ -323,7 +323,7 @@ def test_a_campaign_scheduled_by_someone_else_under_the_open_form_is_not_schedul
     )
     after = Campaign.objects.get(pk=draft.pk)
     assert (after.status, after.schedule_type, after.scheduled_at) == ("scheduled", "at", before.scheduled_at)
-    assert not OutboxEvent.objects.exists()  # no fan-out was recorded
+    assert not OutboxTask.objects.exists()  # no fan-out was recorded
     # A fresh look at the page says so instead of offering the form.
     assert 'id="schedule-refused"' in admin_client.get(schedule_url(draft)).content.decode()
 
@@ -334,7 +334,7 @@ def test_a_draft_edited_under_the_open_form_is_not_scheduled(admin_client: Clien
     lifecycle.update_draft(draft.pk, {"template": other})
     response = admin_client.post(schedule_url(draft), {**seen, "type": "immediate"}, follow=True)
     assert "after this form was opened" in response.content.decode()
-    assert Campaign.objects.get(pk=draft.pk).status == "draft" and not OutboxEvent.objects.exists()
+    assert Campaign.objects.get(pk=draft.pk).status == "draft" and not OutboxTask.objects.exists()
 
 
 def test_pause_resume_and_cancel_buttons_on_the_campaign_page_go_through_the_lifecycle(
@@ -595,7 +595,7 @@ def test_a_test_send_to_a_bad_address_or_priority_is_a_form_error_and_sends_noth
     }
     assert says in errors.get(field, ""), errors
     assert 'id="test-send-form"' in response.content.decode()
-    assert not Message.objects.exists() and not OutboxEvent.objects.exists()
+    assert not Message.objects.exists() and not OutboxTask.objects.exists()
 
 
 def test_a_test_send_needs_the_add_message_permission(client: Client, template: Template) -> None:
@@ -642,4 +642,4 @@ def test_scheduling_and_the_buttons_need_the_change_campaign_permission(
     assert (
         client.post(reverse("admin:campaigns_campaign_button", args=[draft.pk, "cancel"])).status_code == 403
     )
-    assert Campaign.objects.get(pk=draft.pk).status == "draft" and not OutboxEvent.objects.exists()
+    assert Campaign.objects.get(pk=draft.pk).status == "draft" and not OutboxTask.objects.exists()

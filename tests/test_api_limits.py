@@ -18,7 +18,7 @@ from rest_framework.test import APIClient
 from campaigns.import_jobs import run_import_job
 from campaigns.models import Campaign, Contact, ImportIssue
 from core.limits import beyond_horizon
-from core.models import OutboxEvent
+from core.models import OutboxTask
 from delivery.models import Message
 from tests.factories import make_audience, make_campaign
 
@@ -67,7 +67,7 @@ def test_a_message_send_at_beyond_the_horizon_is_a_400_naming_it(api: APIClient,
     limit_error(
         api.post("/api/v1/messages", {**VALID, "send_at": send_at}, format="json"), "send_at", HORIZON
     )
-    assert not Message.objects.exists() and not OutboxEvent.objects.exists()
+    assert not Message.objects.exists() and not OutboxTask.objects.exists()
     within = api.post(
         "/api/v1/messages", {**VALID, "send_at": iso(timezone.now() + timedelta(days=300))}, format="json"
     )

@@ -21,7 +21,7 @@ from rest_framework.test import APIClient
 from rest_framework.views import APIView
 
 from campaigns.models import Campaign, Contact, Template
-from core.models import OutboxEvent
+from core.models import OutboxTask
 from delivery.models import Message
 from delivery.services.sending import send_messages
 from delivery.testing.smtp_server import SMTPTestServer
@@ -63,7 +63,7 @@ def error_of(response: Any, status: int) -> dict[str, Any]:
 
 def nothing_written() -> None:
     assert Message.objects.count() == 0
-    assert OutboxEvent.objects.count() == 0
+    assert OutboxTask.objects.count() == 0
     assert Contact.objects.count() == 0
     assert Template.objects.count() == 0
 
@@ -402,7 +402,7 @@ def test_a_local_time_that_has_passed_in_every_timezone_is_a_400(api: APIClient)
         in error_of(api.post(f"/api/v1/campaigns/{campaign.pk}/schedule", body, format="json"), 400)["fields"]
     )
     campaign.refresh_from_db()
-    assert campaign.status == "draft" and Message.objects.count() == 0 and OutboxEvent.objects.count() == 0
+    assert campaign.status == "draft" and Message.objects.count() == 0 and OutboxTask.objects.count() == 0
 
 
 def test_a_local_date_too_far_ahead_to_compute_is_a_400_not_a_500(api: APIClient) -> None:
@@ -411,7 +411,7 @@ def test_a_local_date_too_far_ahead_to_compute_is_a_400_not_a_500(api: APIClient
     error = error_of(api.post(f"/api/v1/campaigns/{campaign.pk}/schedule", body, format="json"), 400)
     assert "local_date" in error["fields"]
     campaign.refresh_from_db()
-    assert campaign.status == "draft" and OutboxEvent.objects.count() == 0
+    assert campaign.status == "draft" and OutboxTask.objects.count() == 0
 
 
 def test_a_local_time_still_ahead_somewhere_is_accepted(api: APIClient) -> None:
@@ -429,7 +429,7 @@ def test_an_at_time_in_the_past_is_a_400_beyond_the_grace_and_sends_now_within_i
     error = error_of(api.post(f"/api/v1/campaigns/{campaign.pk}/schedule", body, format="json"), 400)
     assert "scheduled_at" in error["fields"]
     campaign.refresh_from_db()
-    assert campaign.status == "draft" and OutboxEvent.objects.count() == 0
+    assert campaign.status == "draft" and OutboxTask.objects.count() == 0
     just_now = (timezone.now() - timedelta(seconds=30)).isoformat()
     response = api.post(
         f"/api/v1/campaigns/{campaign.pk}/schedule", {"type": "at", "scheduled_at": just_now}, format="json"
@@ -441,7 +441,7 @@ def test_a_message_send_at_in_the_past_is_sent_now(api: APIClient) -> None:
     response = api.post("/api/v1/messages", {**VALID, "send_at": "2020-01-01T00:00:00Z"}, format="json")
     assert response.status_code == 202 and response.json()["status"] == "queued"
     with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM delivery_outboxevent")
+        cursor.execute("SELECT count(*) FROM core_outboxtask")
         assert cursor.fetchone()[0] == 1
 
 

@@ -7,7 +7,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from campaigns.models import Campaign, Template
-from core.models import OutboxEvent
+from core.models import OutboxTask
 from tests.factories import make_audience
 
 
@@ -65,7 +65,7 @@ def test_create_then_schedule_immediately_starts_fan_out(
         f"/api/v1/campaigns/{campaign.json()['id']}/schedule", {"type": "immediate"}, format="json"
     )
     assert response.status_code == 200 and response.json()["status"] == "sending"
-    assert OutboxEvent.objects.filter(kind="fan_out", payload__campaign_id=campaign.json()["id"]).count() == 1
+    assert OutboxTask.objects.filter(kind="fan_out", payload__campaign_id=campaign.json()["id"]).count() == 1
 
 
 def test_schedule_at_a_future_instant_waits(api: APIClient, template: Template) -> None:
@@ -75,7 +75,7 @@ def test_schedule_at_a_future_instant_waits(api: APIClient, template: Template) 
         f"/api/v1/campaigns/{campaign_id}/schedule", {"type": "at", "scheduled_at": at}, format="json"
     )
     assert response.json()["status"] == "scheduled" and response.json()["scheduled_at"] == at
-    assert not OutboxEvent.objects.exists()
+    assert not OutboxTask.objects.exists()
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from django.db import connection, transaction
 from campaigns import fanout, lifecycle
 from campaigns.exceptions import CampaignStateError
 from campaigns.models import Campaign, Contact, Suppression
-from core.models import OutboxEvent
+from core.models import OutboxTask
 from delivery.models import Message
 from delivery.services import transitions
 from delivery.services.sending import send_messages
@@ -51,7 +51,7 @@ def test_fan_out_makes_one_message_per_active_unsuppressed_member_in_task_sized_
         Message.objects.filter(campaign=campaign, status="queued", template=campaign.template).count() == 98
     )
     batches = published_batches()
-    assert not OutboxEvent.objects.exists()  # published after each step's commit
+    assert not OutboxTask.objects.exists()  # published after each step's commit
     assert all(len(batch) <= 7 for batch in batches) and sum(len(b) for b in batches) == 98
     campaign.refresh_from_db()
     assert (campaign.total_count, campaign.excluded_count, campaign.fanout_done) == (98, 2, True)

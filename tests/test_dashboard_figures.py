@@ -13,7 +13,7 @@ from campaigns import fanout, lifecycle
 from campaigns.models import Contact, Suppression
 from core import schedule_index
 from delivery.models import Message
-from delivery.services import send_events
+from delivery.services import send_tasks
 from tests.broker import queued_tasks
 from tests.factories import make_audience, make_campaign
 
@@ -33,7 +33,7 @@ def test_queue_snapshot_pending_counts_queued_messages_not_broker_tasks(api, red
             Message(to_email=f"n{n}@example.com", subject="s", text="t", priority="normal", queued_at=now)
             for n in range(250)
         )
-        send_events.record_sends([m.pk for m in rows], "normal", 100)  # 3 broker tasks for 250 messages
+        send_tasks.record_sends([m.pk for m in rows], "normal", 100)  # 3 broker tasks for 250 messages
     Message.objects.create(  # due, not yet dispatched: pending too
         to_email="due@example.com", subject="s", text="t", priority="normal", status="scheduled",
         due_at=now - timedelta(seconds=1),

@@ -9,7 +9,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from campaigns.models import Template
-from core.models import OutboxEvent
+from core.models import OutboxTask
 from delivery.models import Message
 from tests import factories
 from tests.broker import queued_tasks
@@ -33,7 +33,7 @@ def test_accepted_message_is_stored_queued_with_an_outbox_row(
     assert body["status"] == "queued" and body["priority"] == "critical" and body["to"] == "ann@example.com"
     message = Message.objects.get(pk=body["id"])
     assert message.queued_at is not None and message.created_at is not None
-    assert OutboxEvent.objects.filter(payload__ids=[message.pk], payload__priority="critical").count() == 1
+    assert OutboxTask.objects.filter(payload__ids=[message.pk], payload__priority="critical").count() == 1
 
 
 @pytest.mark.parametrize(
@@ -60,7 +60,7 @@ def test_bad_input_is_a_400_naming_the_field_and_writes_nothing(
     assert response.status_code == 400
     assert field in response.json()["error"]["fields"], response.json()
     assert Message.objects.count() == 0
-    assert OutboxEvent.objects.count() == 0
+    assert OutboxTask.objects.count() == 0
 
 
 @pytest.mark.parametrize(
@@ -142,7 +142,7 @@ def test_same_idempotency_key_and_body_returns_the_same_message(api: APIClient) 
     assert first.json()["id"] == second.json()["id"]
     assert second["Idempotent-Replayed"] == "true"
     assert Message.objects.count() == 1
-    assert OutboxEvent.objects.count() == 1
+    assert OutboxTask.objects.count() == 1
 
 
 def test_same_idempotency_key_with_another_body_is_refused(api: APIClient) -> None:
@@ -175,7 +175,7 @@ def test_twenty_parallel_requests_with_one_key_make_one_message_and_one_task(api
     assert {status for status, _ in results} == {202}
     assert len({message_id for _, message_id in results}) == 1
     assert Message.objects.count() == 1
-    assert OutboxEvent.objects.count() == 0  # published on commit, then deleted
+    assert OutboxTask.objects.count() == 0  # published on commit, then deleted
     assert queued_tasks(redis, "critical") == [("delivery.send_messages", [[results[0][1]]])]
 
 
@@ -185,7 +185,7 @@ def test_send_at_in_the_future_is_scheduled_not_queued(api: APIClient) -> None:
     assert response.status_code == 202
     body = response.json()
     assert body["status"] == "scheduled" and body["due_at"] == f"{day}T08:00:00Z"
-    assert OutboxEvent.objects.count() == 0
+    assert OutboxTask.objects.count() == 0
 
 
 @pytest.mark.django_db

@@ -15,7 +15,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from campaigns.models import Template
-from core.models import OutboxEvent
+from core.models import OutboxTask
 from delivery.models import Message
 from delivery.testing.smtp_server import SMTPTestServer
 from scripts.stack import Stack
@@ -70,7 +70,7 @@ def test_a_batch_is_one_insert_with_one_send_task_per_chunk_and_per_priority(
         ("delivery.send_messages", [[ids[251]]]),
     ]
     assert queued_tasks(redis, "high") == [("delivery.send_messages", [[ids[252]]])]
-    assert OutboxEvent.objects.count() == 0  # published after commit, then deleted
+    assert OutboxTask.objects.count() == 0  # published after commit, then deleted
     assert redis.zscore("emailhub:schedule:due", f"m:{ids[253]}") is not None
 
 
@@ -84,7 +84,7 @@ def test_bad_items_reject_the_whole_batch_by_default_naming_every_index(api: API
     by_index = error["fields"]["messages"]
     assert set(by_index) == {"1", "3", "4"}
     assert "to" in by_index["1"] and "subject" in by_index["3"] and "text" in by_index["3"]
-    assert Message.objects.count() == 0 and OutboxEvent.objects.count() == 0
+    assert Message.objects.count() == 0 and OutboxTask.objects.count() == 0
 
 
 def test_partial_accepts_the_good_items_and_reports_each_bad_one(api: APIClient) -> None:
@@ -99,7 +99,7 @@ def test_partial_accepts_the_good_items_and_reports_each_bad_one(api: APIClient)
     stored = Message.objects.order_by("id")
     assert [m.pk for m in stored] == [good["id"], last["id"]]
     assert [m.to_email for m in stored] == ["user0@example.com", "user3@example.com"]
-    assert OutboxEvent.objects.count() == 1  # their send task (critical would be one each)
+    assert OutboxTask.objects.count() == 1  # their send task (critical would be one each)
 
 
 @pytest.mark.parametrize(
@@ -146,7 +146,7 @@ def test_an_item_key_replays_its_first_message_and_is_shared_with_the_header(api
     assert results[1]["id"] == single["id"] and results[1]["replayed"] is True
     assert results[2]["replayed"] is False
     assert Message.objects.count() == 4  # 0, 1, 2 and 3: nothing twice
-    assert OutboxEvent.objects.filter(payload__ids__contains=first[0]["id"]).count() == 1  # one task
+    assert OutboxTask.objects.filter(payload__ids__contains=first[0]["id"]).count() == 1  # one task
 
 
 def test_an_item_key_reused_with_another_body_is_a_422_for_the_batch_or_for_that_item(api: APIClient) -> None:
@@ -198,7 +198,7 @@ def test_concurrent_batches_with_the_same_keys_store_each_message_once(api_key) 
         answers = list(pool.map(send, range(4)))
     assert all(ids == answers[0] for ids in answers)
     assert Message.objects.count() == 50
-    assert OutboxEvent.objects.count() == 0
+    assert OutboxTask.objects.count() == 0
 
 
 @pytest.mark.processes
@@ -223,6 +223,6 @@ def test_a_1000_message_batch_whose_web_is_killed_after_the_202_is_sent_exactly_
     stack.start("worker-bulk")
     stack.start("beat")  # the outbox relay, for whatever the killed web had not published
     wait_until(lambda: Message.objects.filter(pk__in=ids, status="sent").count() == 1000, 90, "all 1000 sent")
-    wait_until(lambda: not OutboxEvent.objects.exists(), 20, "the outbox to be empty")
+    wait_until(lambda: not OutboxTask.objects.exists(), 20, "the outbox to be empty")
     received = Counter(rcpt for m in smtp.messages for rcpt in m.rcpt_tos)
     assert received == Counter(m["to"] for m in messages)  # every recipient once, none twice

@@ -8,9 +8,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from core import outbox
-from core.models import OutboxEvent
+from core.models import OutboxTask
 from delivery.models import Message, MessageStatus
-from delivery.services import send_events
+from delivery.services import send_tasks
 from delivery.services.sweeps import requeue_stale_sending
 from tests.broker import broker_unreachable, queued_tasks
 
@@ -20,35 +20,35 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("
 
 def test_event_is_published_after_commit_and_then_deleted(redis) -> None:  # noqa: ANN001
     with transaction.atomic():
-        send_events.record_send([1, 2], "high")
+        send_tasks.record_send([1, 2], "high")
         assert queued_tasks(redis, "high") == []  # nothing leaves before the commit
     assert queued_tasks(redis, "high") == [("delivery.send_messages", [[1, 2]])]
-    assert OutboxEvent.objects.count() == 0
+    assert OutboxTask.objects.count() == 0
 
 
 def test_rolled_back_transaction_publishes_nothing(redis) -> None:  # noqa: ANN001
     with pytest.raises(RuntimeError), transaction.atomic():
-        send_events.record_send([1], "critical")
+        send_tasks.record_send([1], "critical")
         raise RuntimeError("rollback")
     assert queued_tasks(redis, "critical") == []
-    assert OutboxEvent.objects.count() == 0
+    assert OutboxTask.objects.count() == 0
 
 
 def test_unreachable_broker_leaves_the_row_for_the_relay(redis) -> None:  # noqa: ANN001
     with broker_unreachable():
         with transaction.atomic():
-            send_events.record_send([7], "critical")
-    assert OutboxEvent.objects.count() == 1
-    OutboxEvent.objects.update(created_at=timezone.now() - timedelta(seconds=10))
+            send_tasks.record_send([7], "critical")
+    assert OutboxTask.objects.count() == 1
+    OutboxTask.objects.update(created_at=timezone.now() - timedelta(seconds=10))
     assert outbox.relay() == 1
     assert queued_tasks(redis, "critical") == [("delivery.send_messages", [[7]])]
-    assert OutboxEvent.objects.count() == 0
+    assert OutboxTask.objects.count() == 0
 
 
 def test_relay_leaves_fresh_rows_to_the_on_commit_publisher(redis) -> None:  # noqa: ANN001
-    OutboxEvent.objects.create(kind="send_messages", payload={"ids": [1], "priority": "low"})
+    OutboxTask.objects.create(kind="send_messages", payload={"ids": [1], "priority": "low"})
     assert outbox.relay() == 0
-    assert OutboxEvent.objects.count() == 1
+    assert OutboxTask.objects.count() == 1
 
 
 def test_messages_left_sending_by_a_dead_worker_are_requeued(redis, settings) -> None:  # noqa: ANN001
@@ -90,7 +90,7 @@ def test_each_app_registers_its_event_kinds_and_the_outbox_names_no_task() -> No
     kinds = outbox.registered_kinds()
     assert (kinds["send_messages"], kinds["fan_out"]) == ("delivery.send_messages", "campaigns.fan_out")
     source = Path(outbox.__file__).read_text()
-    assert "delivery." not in source.replace("delivery_outboxevent", "") and "campaigns." not in source
+    assert "delivery." not in source.replace("core_outboxtask", "") and "campaigns." not in source
 
 
 def test_a_registered_kind_is_published_to_its_task_and_queue(redis) -> None:  # noqa: ANN001
@@ -98,13 +98,13 @@ def test_a_registered_kind_is_published_to_its_task_and_queue(redis) -> None:  #
     with transaction.atomic():
         outbox.record("test_ping", {"n": 3})
     assert queued_tasks(redis, "system") == [("tests.ping", [3])]
-    assert OutboxEvent.objects.count() == 0
+    assert OutboxTask.objects.count() == 0
 
 
 def test_an_unregistered_kind_is_refused_before_a_row_exists() -> None:
-    with pytest.raises(ValueError, match="unknown outbox event kind 'nobody'"), transaction.atomic():
+    with pytest.raises(ValueError, match="unknown outbox task kind 'nobody'"), transaction.atomic():
         outbox.record("nobody", {})
-    assert OutboxEvent.objects.count() == 0
+    assert OutboxTask.objects.count() == 0
 
 
 def test_a_kind_cannot_be_registered_for_a_second_task() -> None:

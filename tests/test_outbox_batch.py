@@ -1,4 +1,4 @@
-"""Publishing many outbox events: pipelined to the Redis broker in batches, each event once."""
+"""Publishing many outbox tasks: pipelined to the Redis broker in batches, each event once."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from django.db import transaction
 from redis.client import Pipeline
 
 from core import outbox
-from core.models import OutboxEvent
-from delivery.services import send_events
+from core.models import OutboxTask
+from delivery.services import send_tasks
 from tests.broker import queued_tasks
 
 # Both publishers: Celery's send_task and fastpaths/publish.py's own messages.
@@ -30,9 +30,9 @@ def test_a_thousand_events_go_out_in_a_few_pipelines_each_once_in_order(redis, m
     monkeypatch.setattr(Pipeline, "execute", counting_execute)
     events = 1_200
     with transaction.atomic():
-        send_events.record_sends(list(range(events)), "critical", 1)
+        send_tasks.record_sends(list(range(events)), "critical", 1)
     assert queued_tasks(redis, "critical") == [("delivery.send_messages", [[n]]) for n in range(events)]
-    assert OutboxEvent.objects.count() == 0
+    assert OutboxTask.objects.count() == 0
     # One pipeline per PUBLISH_BATCH events, not a round trip per task.
     assert len(executed) == math.ceil(events / outbox.PUBLISH_BATCH)
     assert sum(executed) == events

@@ -13,8 +13,8 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from core import outbox
-from core.models import OutboxEvent
-from delivery.services import send_events
+from core.models import OutboxTask
+from delivery.services import send_tasks
 from fastpaths import publish
 from tests.broker import broker_unreachable, queued_tasks
 
@@ -43,23 +43,23 @@ def test_a_thread_keeps_one_producer_and_one_redis_client_for_its_publishes(redi
     producers = []
     for message_id in (1, 2, 3):
         with transaction.atomic():
-            send_events.record_send([message_id], "critical")
+            send_tasks.record_send([message_id], "critical")
         producers.append(kept.producer)
     assert producers[0] is not None and producers.count(producers[0]) == 3
     made_for_first = len(clients)
     assert made_for_first <= 2  # the channel's own (kombu pings with it) and the one kept for LPUSH
     with transaction.atomic():
-        send_events.record_send([4], "critical")
+        send_tasks.record_send([4], "critical")
     assert len(clients) == made_for_first  # no client per publish any more
     assert queued_tasks(redis, "critical") == [("delivery.send_messages", [[n]]) for n in (1, 2, 3, 4)]
-    assert OutboxEvent.objects.count() == 0
+    assert OutboxTask.objects.count() == 0
 
     other: list[Any] = []
 
     def publish_from_another_thread() -> None:
         try:
             with transaction.atomic():
-                send_events.record_send([5], "critical")
+                send_tasks.record_send([5], "critical")
             other.append(publish._kept.producer)
         finally:
             connection.close()  # this thread's own database connection
@@ -75,18 +75,18 @@ def test_a_thread_keeps_one_producer_and_one_redis_client_for_its_publishes(redi
 def test_a_failed_publish_keeps_no_producer_and_leaves_the_row_for_the_relay(redis, kept) -> None:  # noqa: ANN001
     with broker_unreachable():
         with transaction.atomic():
-            send_events.record_send([7], "critical")
+            send_tasks.record_send([7], "critical")
         assert kept.producer is None
-    assert OutboxEvent.objects.count() == 1
+    assert OutboxTask.objects.count() == 1
     # The thread's next publish connects afresh (to the broker that is back) and keeps that one.
     with transaction.atomic():
-        send_events.record_send([8], "critical")
+        send_tasks.record_send([8], "critical")
     assert kept.producer is not None
     assert queued_tasks(redis, "critical") == [("delivery.send_messages", [[8]])]
-    OutboxEvent.objects.update(created_at=timezone.now() - timedelta(seconds=10))
+    OutboxTask.objects.update(created_at=timezone.now() - timedelta(seconds=10))
     assert outbox.relay() == 1
     assert queued_tasks(redis, "critical") == [
         ("delivery.send_messages", [[8]]),
         ("delivery.send_messages", [[7]]),
     ]
-    assert OutboxEvent.objects.count() == 0
+    assert OutboxTask.objects.count() == 0

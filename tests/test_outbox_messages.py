@@ -14,9 +14,9 @@ from django.db import transaction
 from kombu import Connection
 
 from core import outbox
-from core.models import OutboxEvent
+from core.models import OutboxTask
 from delivery.models import Message
-from delivery.services import send_events
+from delivery.services import send_tasks
 from delivery.testing.smtp_server import SMTPTestServer
 from emailhub.celery import app
 from fastpaths import publish
@@ -72,7 +72,7 @@ def test_outbox_messages_are_send_tasks_messages_on_redis(redis, kind) -> None: 
     ours, celerys = envelopes
     assert ours == celerys
     assert ours["body"] == [[[41, 42]], {"note": "é ünïcode"}, publish._EMBED]
-    assert not OutboxEvent.objects.exists()
+    assert not OutboxTask.objects.exists()
 
 
 def _get(queue: Any, timeout: float = 5.0) -> Any:
@@ -107,8 +107,8 @@ def test_a_worker_runs_the_outbox_message(stack: Stack, smtp: SMTPTestServer) ->
         to_email="built@example.com", subject="s", text="t", priority="critical", status="queued"
     )
     with transaction.atomic():
-        send_events.record_send([message.pk], "critical")
-    assert not OutboxEvent.objects.exists()  # published, not left to a relay (none runs here)
+        send_tasks.record_send([message.pk], "critical")
+    assert not OutboxTask.objects.exists()  # published, not left to a relay (none runs here)
     stack.start("worker-transactional")
     wait_for_status(message.pk, "sent")
     assert smtp.count == 1

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from core.models import OutboxEvent
+from core.models import OutboxTask
 from delivery.models import Message
 from delivery.testing.smtp_server import SMTPTestServer
 from scripts.stack import Stack
@@ -106,12 +106,12 @@ def test_message_accepted_while_the_broker_is_unreachable_is_relayed_by_beat(
     response = post(web_port, api_key[1], BODY)
     assert response.status_code == 202
     message_id = response.json()["id"]
-    assert OutboxEvent.objects.filter(payload__ids=[message_id]).count() == 1
+    assert OutboxTask.objects.filter(payload__ids=[message_id]).count() == 1
 
     stack.start("worker-transactional")
     stack.start("beat")
     wait_for_status(message_id, "sent")
-    wait_until(lambda: not OutboxEvent.objects.exists(), message="the relay to delete the outbox row")
+    wait_until(lambda: not OutboxTask.objects.exists(), message="the relay to delete the outbox row")
     assert smtp.count == 1
 
 

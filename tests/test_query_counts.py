@@ -55,19 +55,19 @@ def statements(call: Callable[[], Any]) -> list[str]:
 # --- accepting messages (POST /api/v1/messages, /api/v1/messages/batch) ---------------------------
 
 ACCEPT_ONE = [
-    # core.outbox.insert_with_event: the message row and its outbox row in one statement, in
+    # core.outbox.insert_with_task: the message row and its outbox row in one statement, in
     # autocommit (no BEGIN or COMMIT), so on_commit publishes right after it.
-    "INSERT INTO delivery_message + INSERT INTO delivery_outboxevent",
+    "INSERT INTO delivery_message + INSERT INTO core_outboxtask",
     # The published outbox row deleted (with synchronous_commit off).
-    "DELETE FROM delivery_outboxevent",
+    "DELETE FROM core_outboxtask",
 ]
 
 ACCEPT_BATCH = [
     "BEGIN",
     "INSERT INTO delivery_message",  # every item: one INSERT … SELECT FROM unnest(…)
-    "INSERT INTO delivery_outboxevent",  # every send task (one per 100 normal ids): one INSERT
+    "INSERT INTO core_outboxtask",  # every send task (one per 100 normal ids): one INSERT
     "COMMIT",
-    "DELETE FROM delivery_outboxevent",  # every published task's row: one DELETE
+    "DELETE FROM core_outboxtask",  # every published task's row: one DELETE
 ]
 
 
@@ -82,7 +82,7 @@ def warmed(api: APIClient) -> APIClient:
 def test_accepting_one_message_is_one_statement_and_the_outbox_delete(api: APIClient) -> None:
     """POST /api/v1/messages with the key cached: 2 statements, both fast-path settings. The
     `WITH inserted AS (INSERT INTO delivery_message …), event AS (INSERT INTO
-    delivery_outboxevent …)` statement in autocommit, then, after the publish, the DELETE of the
+    core_outboxtask …)` statement in autocommit, then, after the publish, the DELETE of the
     outbox row (ACCEPT_ONE)."""
     api = warmed(api)
 
@@ -205,7 +205,7 @@ FANOUT_STEP = [
     # transitions.materialise_step: the next `step` members become messages, one INSERT … SELECT
     "INSERT INTO delivery_message",
     "RELEASE",
-    "INSERT INTO delivery_outboxevent",  # one send task per 100 ids, one INSERT
+    "INSERT INTO core_outboxtask",  # one send task per 100 ids, one INSERT
     "UPDATE campaigns_campaign",  # the cursor and counters
     "COMMIT",
     # The tasks are published, and their outbox rows deleted, by fan-out's publishing thread on

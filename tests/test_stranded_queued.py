@@ -13,9 +13,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from core import schedule_index
-from core.models import OutboxEvent
+from core.models import OutboxTask
 from delivery.models import Message
-from delivery.services import probes, send_events
+from delivery.services import probes, send_tasks
 from delivery.testing.smtp_server import SMTPTestServer
 from scheduling import reconciler
 from scripts.stack import Stack
@@ -49,11 +49,11 @@ def test_a_send_task_deleted_from_the_redis_list_by_hand_is_still_sent(
 ) -> None:
     settings.EMAILHUB_QUEUE_PROBE_MARGIN_SECONDS = 0.0
     reconciler.reconcile()  # Redis has its data (the marker): no flush will be detected
-    with transaction.atomic():  # what accepting a message writes: the row and its outbox event
+    with transaction.atomic():  # what accepting a message writes: the row and its outbox task
         message_id = Message.objects.create(
             to_email="lost@example.com", subject="s", text="t", priority="critical", queued_at=timezone.now()
         ).pk
-        send_events.record_send([message_id], "critical")
+        send_tasks.record_send([message_id], "critical")
     wait_until(lambda: queued_tasks(redis, "critical") != [], 5, "the send task to be published")
     for raw in redis.lrange("critical", 0, -1):  # an operator deletes the send task, not the probe
         if json.loads(raw)["headers"]["task"] == "delivery.send_messages":
@@ -82,8 +82,8 @@ def test_a_long_backlog_in_normal_is_never_republished(
             Message(to_email=f"b{n}@example.com", subject="s", text="t", priority="normal", queued_at=now)
             for n in range(3000)
         )
-        send_events.record_sends([m.pk for m in rows], "normal", 100)
-    wait_until(lambda: OutboxEvent.objects.count() == 0, 10, "the backlog's tasks to be published")
+        send_tasks.record_sends([m.pk for m in rows], "normal", 100)
+    wait_until(lambda: OutboxTask.objects.count() == 0, 10, "the backlog's tasks to be published")
     assert len(queued_tasks(redis, "normal")) == 30
 
     replaced = 0
@@ -94,7 +94,7 @@ def test_a_long_backlog_in_normal_is_never_republished(
         replaced += "normal" in result.published
     assert replaced >= 5  # the probe was replaced each time, and never consumed
     assert len(queued_tasks(redis, "normal")) == 30  # the 30 send tasks, none added
-    assert OutboxEvent.objects.count() == 0
+    assert OutboxTask.objects.count() == 0
     assert Message.objects.filter(status="queued", priority="normal").count() == 3000
     assert len(queued_tasks(redis, "normal", probes=True)) == 30 + 1 + replaced
 
@@ -145,7 +145,7 @@ def test_a_dispatched_retry_whose_task_was_lost_on_rabbitmq_is_sent_automaticall
         schedule_index.add([(schedule_index.message_unit(message.pk), message.due_at)])
         stack.start("scheduler")
         wait_for_status(message.pk, "queued", timeout=20)  # dispatched: its task is on RabbitMQ
-        wait_until(lambda: OutboxEvent.objects.count() == 0, 10, "the retry's task to be published")
+        wait_until(lambda: OutboxTask.objects.count() == 0, 10, "the retry's task to be published")
         stack.stop("scheduler")
         rabbitmqctl("purge_queue", "-p", vhost, "critical")  # the broker lost it
         stack.start("worker-transactional", key="worker-transactional-2")

@@ -118,6 +118,6 @@ def reset_state(redis_url: str) -> None:
     from campaigns.models import Campaign
 
     with connection.cursor() as cursor:
-        cursor.execute("TRUNCATE delivery_message, delivery_outboxevent CASCADE")
+        cursor.execute("TRUNCATE delivery_message, core_outboxtask CASCADE")
     Campaign.objects.filter(name__startswith="bench ").delete()
     redis.Redis.from_url(redis_url).flushdb()

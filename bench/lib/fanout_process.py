@@ -43,7 +43,7 @@ def child(campaign_id: int, step: int | None) -> None:
 
     from campaigns import fanout
     from core import outbox
-    from delivery.services import send_events
+    from delivery.services import send_tasks
 
     timers = {"step_sql": 0.0, "commit": 0.0, "record_outbox": 0.0, "publish": 0.0}
     tasks = [0]
@@ -58,7 +58,7 @@ def child(campaign_id: int, step: int | None) -> None:
 
         return wrapper
 
-    record_sends = send_events.record_sends
+    record_sends = send_tasks.record_sends
 
     def counting_record_sends(ids: list[int], priority: str, batch_size: int, **kwargs: Any) -> None:
         tasks[0] += math.ceil(len(ids) / batch_size)
@@ -66,7 +66,7 @@ def child(campaign_id: int, step: int | None) -> None:
 
     # Instrumentation of this process only: fan_out() looks these names up at call time.
     fanout._step = timed("step_sql", fanout._step)
-    send_events.record_sends = timed("record_outbox", counting_record_sends)
+    send_tasks.record_sends = timed("record_outbox", counting_record_sends)
     # Publishing runs on fan-out's background thread, overlapped with the next step: its time is
     # reported, but it is not on the step's critical path any more.
     outbox._publish_after_commit = timed("publish", outbox._publish_after_commit)

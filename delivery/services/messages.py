@@ -16,7 +16,7 @@ from campaigns.models import Template
 from core.schedule_index import index_after_commit, message_unit
 from delivery.exceptions import BatchConflict, IdempotencyConflict
 from delivery.models import ApiKey, Message, MessageStatus
-from delivery.services import send_events, transitions
+from delivery.services import send_tasks, transitions
 
 
 @dataclass(frozen=True)
@@ -67,14 +67,14 @@ def accept_message(
     scheduled = row["status"] == MessageStatus.SCHEDULED
     # One statement (ON CONFLICT DO NOTHING on the idempotency key, so no error and no savepoint
     # even inside a caller's transaction). Outside one (a web request) it runs in autocommit:
-    # the row and its outbox event are their own transaction, no BEGIN or COMMIT round trips. A
+    # the row and its outbox task are their own transaction, no BEGIN or COMMIT round trips. A
     # concurrent request with the same key waits on the unique index for the other's commit,
     # inserts nothing, and then reads the winner's committed row.
     if scheduled:
         inserted = transitions.insert_one(api_key_id, row)
     else:
         inserted = transitions.insert_one(
-            api_key_id, row, run=lambda sql, params: send_events.insert_with_send(sql, params, new.priority)
+            api_key_id, row, run=lambda sql, params: send_tasks.insert_with_send(sql, params, new.priority)
         )
     if inserted is None:
         existing = Message.objects.get(api_key=api_key, idempotency_key=idempotency_key)
@@ -224,6 +224,6 @@ def accept_batch(items: list[BatchItem], *, api_key: ApiKey | None, partial: boo
         accepted.conflicts.sort()
         if accepted.conflicts and not partial:
             raise BatchConflict(accepted.conflicts)  # rolls the batch back: nothing was accepted
-        send_events.record_sends_by_priority(fresh)
+        send_tasks.record_sends_by_priority(fresh)
         index_after_commit(scheduled)
     return accepted

@@ -20,7 +20,7 @@ from django.db import connection, transaction
 from campaigns.progress import move_counters
 from core import schedule_index
 from delivery.selectors import message_states, unsent_message_ids_to
-from delivery.services import send_events, transitions
+from delivery.services import send_tasks, transitions
 from delivery.services.transitions import CANCELLABLE
 
 logger = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ def retry_failed(message_ids: Sequence[int]) -> OperatorReport:
             if campaign_id is not None:
                 reopened[(campaign_id, "failed")] -= 1
         move_counters(reopened)
-        send_events.record_sends_by_priority((message_id, priority) for message_id, priority, _ in rows)
+        send_tasks.record_sends_by_priority((message_id, priority) for message_id, priority, _ in rows)
         _explain_skipped([i for i in ids if i not in set(report.moved)], report, "failed")
     return report
 

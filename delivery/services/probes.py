@@ -24,7 +24,7 @@ queue (critical, high, normal, low):
 
 The cutoff C must be a time before which every `queued` row's task was already on the broker
 when the probe was published. `queued_at` is written in the transaction that records the row's
-outbox event, and the outbox row is deleted only after its task was published. So C is the
+outbox task, and the outbox row is deleted only after its task was published. So C is the
 least of: now; the oldest live send outbox row's `created_at` (its task may go out after the
 probe); the start of the oldest open transaction that has written (its rows commit later); all
 minus the margin (clock skew: the web host stamps `queued_at` on accept). Every path that
@@ -57,7 +57,7 @@ from django.conf import settings
 from django.db import connection
 
 from core import outbox, redis_clients
-from delivery.services import send_events, transitions
+from delivery.services import send_tasks, transitions
 from emailhub.celery import PRIORITY_QUEUES
 from emailhub.celery import app as celery_app
 
@@ -153,7 +153,7 @@ def mark_consumed(queue: str, token: str, *, now: float | None = None) -> bool:
 
 def current_cutoff(margin: float, *, now: float | None = None) -> float:
     with connection.cursor() as cursor:
-        cursor.execute(_CUTOFF_SQL, [now, outbox.oldest_pending(send_events.SEND_MESSAGES), margin])
+        cursor.execute(_CUTOFF_SQL, [now, outbox.oldest_pending(send_tasks.SEND_MESSAGES), margin])
         return float(cursor.fetchone()[0])
 
 

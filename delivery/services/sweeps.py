@@ -10,7 +10,7 @@ from django.db import transaction
 
 from campaigns.progress import move_counters
 from core import metrics
-from delivery.services import send_events
+from delivery.services import send_tasks
 from delivery.services.transitions import requeue_stale
 
 logger = logging.getLogger(__name__)
@@ -29,7 +29,7 @@ def requeue_stale_sending() -> int:
             max_attempts=settings.EMAILHUB_MAX_ATTEMPTS,
         )
         move_counters(failed)
-        send_events.record_sends_by_priority(rows)
+        send_tasks.record_sends_by_priority(rows)
         # Left `sending` by a dead or stalled worker, back to `queued` (those failed for good are not counted).
         requeued = Counter((metrics.NO_PROVIDER, priority, "requeued") for _, priority in rows)
         transaction.on_commit(lambda: metrics.count_emails(requeued))

@@ -39,7 +39,7 @@ from campaigns.selectors import (
 from core.metrics import NO_PROVIDER
 from core.sql import literals
 from delivery.models import MessageStatus
-from delivery.services import send_events
+from delivery.services import send_tasks
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ def insert_one(
     (None) when this API key used its idempotency key before; else its (id, created_at).
 
     `run` executes the `INSERT … RETURNING` in place of a plain cursor: accepting a message runs
-    it inside the statement that also records its send task (send_events.insert_with_send).
+    it inside the statement that also records its send task (send_tasks.insert_with_send).
     """
     params = [api_key_id, *(row[name] for name in NEW_COLUMNS)]
     context = 1 + list(NEW_COLUMNS).index("context")
@@ -715,7 +715,7 @@ def erase_recipient(email: str, placeholder: str) -> list[int]:
 # --- queued → queued with a new send task (republishing) ---------------------------------------
 #
 # Every path that republishes an existing row moves its `queued_at` in the transaction that
-# records the new outbox event: the stranded-task probe (delivery/services/probes.py) must not
+# records the new outbox task: the stranded-task probe (delivery/services/probes.py) must not
 # take a row republished after its probe for stranded.
 
 _REPUBLISH_SQL = """
@@ -748,7 +748,7 @@ def republish_queued(campaign_id: int | None = None, step: int = 50_000) -> int:
             step_end, ids, priorities = db.fetchone()
             if step_end is None:
                 return total
-            send_events.record_sends_by_priority(zip(ids, priorities, strict=True))
+            send_tasks.record_sends_by_priority(zip(ids, priorities, strict=True))
         last_id, total = step_end, total + len(ids)
 
 
@@ -780,7 +780,7 @@ def republish_stranded(cutoffs: dict[str, float], step: int) -> dict[str, int]:
         with transaction.atomic(), connection.cursor() as db:
             db.execute(_STRANDED_SQL, [priorities, values, step])
             rows = db.fetchall()
-            send_events.record_sends_by_priority(rows)
+            send_tasks.record_sends_by_priority(rows)
         for _, priority in rows:
             counts[priority] = counts.get(priority, 0) + 1
         if len(rows) < step:

@@ -1,4 +1,4 @@
-"""The send tasks' outbox events: `send_messages` with a batch of message ids, on its priority's queue.
+"""Send tasks through the outbox: `send_messages` with a batch of message ids, on its priority's queue.
 
 Registered with core.outbox from DeliveryConfig.ready; every app that moves messages to
 `queued` records their tasks through these functions, in the transaction that moved them.
@@ -55,8 +55,8 @@ def record_sends_by_priority(rows: Iterable[tuple[int, str]]) -> None:
 
 def insert_with_send(statement: str, params: Sequence[Any], priority: str) -> tuple[Any, ...] | None:
     """Run an `INSERT … RETURNING id, …` of one message and record its send task in the same
-    statement (core.outbox.insert_with_event); the payload is record_send's."""
-    return outbox.insert_with_event(
+    statement (core.outbox.insert_with_task); the payload is record_send's."""
+    return outbox.insert_with_task(
         statement,
         params,
         SEND_MESSAGES,

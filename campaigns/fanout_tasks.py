@@ -1,4 +1,4 @@
-"""The fan-out task's outbox event: `fan_out` with a campaign id, on the `campaigns` queue.
+"""The fan-out task through the outbox: `fan_out` with a campaign id, on the `campaigns` queue.
 
 Registered with core.outbox from CampaignsConfig.ready.
 """
