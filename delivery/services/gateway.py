@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import redis as redis_lib
 from django.conf import settings
@@ -46,26 +46,7 @@ def send_via(
     paused = pause_remaining(circuit)
     if paused > 0:
         raise ProviderSkipped(f"paused for {paused:.0f} s (the provider asked us to slow down)", paused)
-    bucket = bucket_for(name, circuit)
-    allowed = len(emails)
-    if bucket is not None:
-        # Checked before taking tokens, so a provider that is skipped anyway costs no quota.
-        # (Without a bucket guarded_call's own check suffices: one Redis round trip less.)
-        wait = seconds_until_probe(circuit)
-        if wait > 0:
-            raise ProviderSkipped(f"circuit open, next probe in {wait:.0f} s", wait)
-        max_wait = (
-            TRANSACTIONAL_MAX_WAIT_SECONDS if transactional else settings.EMAILHUB_RATE_MAX_WAIT_SECONDS
-        )
-        try:
-            allowed = bucket.acquire(len(emails), reserved=transactional, max_wait=max_wait)
-        except redis_lib.RedisError as exc:
-            # Fail open, as the breaker does: an unmetered send beats a stranded batch. The
-            # provider's own limit (429, throttling) still stops us if we overshoot.
-            logger.warning("rate limit for %s unavailable (%s); sending unmetered", circuit, exc)
-            allowed = len(emails)
-        if allowed == 0:
-            raise ProviderSkipped("send-rate quota used up", QUOTA_WAIT_SECONDS)
+    allowed = _quota(name, circuit, len(emails), transactional)
     batch, later = list(emails[:allowed]), list(emails[allowed:])
 
     def call() -> list[SendResult]:
@@ -75,8 +56,40 @@ def send_via(
         finally:  # failures too: a slow timeout is what the histogram is for
             metrics.observe_provider_call(name, time.perf_counter() - started)
 
+    results = _through_breaker(circuit, call, batch)
+    return results + [SendResult.not_tried("send-rate quota used up", QUOTA_WAIT_SECONDS) for _ in later]
+
+
+def _quota(name: str, circuit: str, wanted: int, transactional: bool) -> int:
+    """How many of `wanted` emails the circuit's send-rate bucket lets through now (all of them
+    without a bucket); ProviderSkipped when none, or when the circuit is open."""
+    bucket = bucket_for(name, circuit)
+    if bucket is None:
+        return wanted  # guarded_call's own check of the circuit suffices: one Redis round trip less
+    # Checked before taking tokens, so a provider that is skipped anyway costs no quota.
+    wait = seconds_until_probe(circuit)
+    if wait > 0:
+        raise ProviderSkipped(f"circuit open, next probe in {wait:.0f} s", wait)
+    max_wait = TRANSACTIONAL_MAX_WAIT_SECONDS if transactional else settings.EMAILHUB_RATE_MAX_WAIT_SECONDS
     try:
-        results = guarded_call(circuit, call)
+        allowed = bucket.acquire(wanted, reserved=transactional, max_wait=max_wait)
+    except redis_lib.RedisError as exc:
+        # Fail open, as the breaker does: an unmetered send beats a stranded batch. The
+        # provider's own limit (429, throttling) still stops us if we overshoot.
+        logger.warning("rate limit for %s unavailable (%s); sending unmetered", circuit, exc)
+        return wanted
+    if allowed == 0:
+        raise ProviderSkipped("send-rate quota used up", QUOTA_WAIT_SECONDS)
+    return allowed
+
+
+def _through_breaker(
+    circuit: str, call: Callable[[], list[SendResult]], batch: list[OutgoingEmail]
+) -> list[SendResult]:
+    """`call` under the circuit's breaker: an open circuit skips the provider; a provider that
+    asks us to slow down pauses the circuit (what it took before refusing stays sent)."""
+    try:
+        return guarded_call(circuit, call)
     except CircuitOpen as exc:
         raise ProviderSkipped(str(exc), exc.retry_after) from exc
     except ProviderThrottled as exc:
@@ -87,8 +100,7 @@ def send_via(
         if not exc.partial:
             raise ProviderSkipped(error, wait) from exc
         # It took part of the batch before refusing: those stay sent; the rest was not tried.
-        results = [exc.partial.get(e.message_id) or SendResult.not_tried(error, wait) for e in batch]
-    return results + [SendResult.not_tried("send-rate quota used up", QUOTA_WAIT_SECONDS) for _ in later]
+        return [exc.partial.get(e.message_id) or SendResult.not_tried(error, wait) for e in batch]
 
 
 def circuit_of(name: str) -> str:

@@ -26,6 +26,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError, connection, transaction
+from django.db.backends.utils import CursorWrapper
 
 from campaigns.models import Campaign
 from campaigns.selectors import (
@@ -468,86 +469,102 @@ class Recorded:
 _ACCEPTED_AT_SQL = "greatest(m.created_at, coalesce(m.due_at, m.created_at))"
 
 
+_SENT_SQL = f"""
+UPDATE delivery_message AS m
+   SET status = {MSG.SENT}, sent_at = clock_timestamp(), provider = %s,
+       provider_message_id = v.provider_message_id, last_error = NULL
+  FROM unnest(%s::bigint[], %s::text[]) AS v(id, provider_message_id)
+ WHERE m.id = v.id AND m.status = {MSG.SENDING} AND m.claimed_at = %s
+RETURNING m.campaign_id, m.priority,
+          extract(epoch FROM clock_timestamp() - {_ACCEPTED_AT_SQL})::float8
+"""
+
+_FINAL_SQL = f"""
+UPDATE delivery_message AS m
+   SET status = %s, last_error = v.error
+  FROM unnest(%s::bigint[], %s::text[]) AS v(id, error)
+ WHERE m.id = v.id AND m.status = {MSG.SENDING} AND m.claimed_at = %s
+RETURNING m.campaign_id, m.priority
+"""
+
+# A campaign cancelled while this batch was in flight gets no retry: the message is cancelled
+# (and counted) instead of waiting for a retry no one would ever claim.
+_WAIT_SQL = f"""
+UPDATE delivery_message AS m
+   SET status = CASE WHEN {campaign_status_sql("m.campaign_id")} = {CAMPAIGN.CANCELLED}
+                     THEN {MSG.CANCELLED} ELSE {MSG.RETRY_WAIT} END,
+       due_at = v.due_at, last_error = v.error,
+       attempts = GREATEST(m.attempts - %s, 0)
+  FROM unnest(%s::bigint[], %s::timestamptz[], %s::text[]) AS v(id, due_at, error)
+ WHERE m.id = v.id AND m.status = {MSG.SENDING} AND m.claimed_at = %s
+RETURNING m.id, m.campaign_id, m.status, m.due_at, m.priority
+"""
+
+
 def record_outcomes(outcomes: Outcomes, claimed_at: datetime) -> Recorded:
     """Move a claimed batch out of `sending`, each UPDATE conditional on the row still being
     `sending` under this claim (`claimed_at`, its token: a worker that lost its claim while it was
     stalled writes nothing over the rows another worker holds now); report the campaign of each
-    row really moved, by final status."""
+    row really moved, by final status. One UPDATE per provider that took mail and per outcome."""
     recorded = Recorded()
+    retried: list[tuple[Any, ...]] = []
     with connection.cursor() as db:
         for provider, sent in outcomes.sent.items():
             if sent:
-                ids, provider_ids = zip(*sent, strict=True)
-                db.execute(
-                    f"""
-                    UPDATE delivery_message AS m
-                       SET status = {MSG.SENT}, sent_at = clock_timestamp(), provider = %s,
-                           provider_message_id = v.provider_message_id, last_error = NULL
-                      FROM unnest(%s::bigint[], %s::text[]) AS v(id, provider_message_id)
-                     WHERE m.id = v.id AND m.status = {MSG.SENDING} AND m.claimed_at = %s
-                    RETURNING m.campaign_id, m.priority,
-                              extract(epoch FROM clock_timestamp() - {_ACCEPTED_AT_SQL})::float8
-                    """,
-                    [provider, list(ids), list(provider_ids), claimed_at],
-                )
-                sent_rows = db.fetchall()
-                _count(recorded, sent_rows, MessageStatus.SENT, provider)
-                for _, priority, seconds in sent_rows:
-                    recorded.latencies[priority].append(seconds)
+                _record_sent(db, recorded, provider, sent, claimed_at)
         for status, rows in (
             (MessageStatus.FAILED, outcomes.failed),
             (MessageStatus.SUPPRESSED, outcomes.suppressed),
         ):
             if rows:
                 ids, errors = zip(*rows, strict=True)
-                db.execute(
-                    f"""
-                    UPDATE delivery_message AS m
-                       SET status = %s, last_error = v.error
-                      FROM unnest(%s::bigint[], %s::text[]) AS v(id, error)
-                     WHERE m.id = v.id AND m.status = {MSG.SENDING} AND m.claimed_at = %s
-                    RETURNING m.campaign_id, m.priority
-                    """,
-                    [status, list(ids), list(errors), claimed_at],
-                )
+                db.execute(_FINAL_SQL, [status, list(ids), list(errors), claimed_at])
                 _count(recorded, db.fetchall(), status)
-        retried = []
         for waiting, given_back, outcome in (
             (outcomes.retry, 0, "retried"),
             (outcomes.deferred, 1, "deferred"),
         ):
-            if not waiting:
-                continue
-            ids, due, errors = zip(*waiting, strict=True)
-            # A campaign cancelled while this batch was in flight gets no retry: the message is
-            # cancelled (and counted) instead of waiting for a retry no one would ever claim.
-            db.execute(
-                f"""
-                UPDATE delivery_message AS m
-                   SET status = CASE WHEN {campaign_status_sql("m.campaign_id")} = {CAMPAIGN.CANCELLED}
-                                     THEN {MSG.CANCELLED} ELSE {MSG.RETRY_WAIT} END,
-                       due_at = v.due_at, last_error = v.error,
-                       attempts = GREATEST(m.attempts - %s, 0)
-                  FROM unnest(%s::bigint[], %s::timestamptz[], %s::text[]) AS v(id, due_at, error)
-                 WHERE m.id = v.id AND m.status = {MSG.SENDING} AND m.claimed_at = %s
-                RETURNING m.id, m.campaign_id, m.status, m.due_at, m.priority
-                """,
-                [given_back, list(ids), list(due), list(errors), claimed_at],
-            )
-            waited = db.fetchall()
-            retried += waited
-            for _, _, status, _, priority in waited:
-                recorded.counts[
-                    (NO_PROVIDER, priority, outcome if status == MessageStatus.RETRY_WAIT else status)
-                ] += 1
-    _count(
-        recorded,
-        [(c, p) for _, c, status, _, p in retried if status == MessageStatus.CANCELLED],
-        MessageStatus.CANCELLED,
-        metric=False,
-    )
+            if waiting:
+                retried += _record_waiting(db, recorded, waiting, given_back, outcome, claimed_at)
+    cancelled = [(c, p) for _, c, status, _, p in retried if status == MessageStatus.CANCELLED]
+    _count(recorded, cancelled, MessageStatus.CANCELLED, metric=False)
     recorded.retrying = [(i, d) for i, _, status, d, _ in retried if status == MessageStatus.RETRY_WAIT]
     return recorded
+
+
+def _record_sent(
+    db: CursorWrapper,
+    recorded: Recorded,
+    provider: str,
+    sent: list[tuple[int, str | None]],
+    claimed_at: datetime,
+) -> None:
+    ids, provider_ids = zip(*sent, strict=True)
+    db.execute(_SENT_SQL, [provider, list(ids), list(provider_ids), claimed_at])
+    sent_rows = db.fetchall()
+    _count(recorded, sent_rows, MessageStatus.SENT, provider)
+    for _, priority, seconds in sent_rows:
+        recorded.latencies[priority].append(seconds)
+
+
+def _record_waiting(
+    db: CursorWrapper,
+    recorded: Recorded,
+    waiting: list[tuple[int, datetime, str]],
+    given_back: int,
+    outcome: str,
+    claimed_at: datetime,
+) -> list[tuple[Any, ...]]:
+    """retry_wait (`given_back` 1 returns the attempt: nothing was tried), or cancelled with its
+    campaign; the rows moved."""
+    ids, due, errors = zip(*waiting, strict=True)
+    db.execute(_WAIT_SQL, [given_back, list(ids), list(due), list(errors), claimed_at])
+    waited = db.fetchall()
+    for _, _, status, _, priority in waited:
+        recorded.counts[
+            (NO_PROVIDER, priority, outcome if status == MessageStatus.RETRY_WAIT else status)
+        ] += 1
+    return waited
 
 
 def _count(
