@@ -167,6 +167,25 @@ def accept_batch(items: list[BatchItem], *, api_key: ApiKey | None, partial: boo
     now = timezone.now()
     count = len(items)
     accepted = BatchAccepted(ids=[None] * count, statuses=[None] * count, replayed=[False] * count)
+    leaders, follows = _key_leaders(items)
+    rows = _leader_rows(items, leaders, now)
+    api_key_id = api_key.pk if api_key is not None else None
+    with transaction.atomic():
+        inserted = transitions.insert_many(api_key_id, rows)
+        fresh, scheduled, taken = _place_inserted(items, leaders, rows, inserted, accepted)
+        if taken:
+            _replay_earlier(items, taken, api_key_id, accepted)
+        _replay_followers(items, follows, accepted)
+        accepted.conflicts.sort()
+        if accepted.conflicts and not partial:
+            raise BatchConflict(accepted.conflicts)  # rolls the batch back: nothing was accepted
+        send_tasks.record_sends_by_priority(fresh)
+        index_after_commit(scheduled)
+    return accepted
+
+
+def _key_leaders(items: list[BatchItem]) -> tuple[list[int], dict[int, int]]:
+    """The indexes of the items that get a row (the leaders), and each other item's leader."""
     # A key repeated inside the batch: the first item carries it, the others follow it.
     first_with_key: dict[str, int] = {}
     follows: dict[int, int] = {}
@@ -175,55 +194,75 @@ def accept_batch(items: list[BatchItem], *, api_key: ApiKey | None, partial: boo
             first = first_with_key.setdefault(item.idempotency_key, index)
             if first != index:
                 follows[index] = first
-    leaders = [index for index in range(count) if index not in follows]
+    leaders = [index for index in range(len(items)) if index not in follows]
+    return leaders, follows
+
+
+def _leader_rows(items: list[BatchItem], leaders: list[int], now: datetime) -> list[dict[str, Any]]:
+    """The leaders' rows for transitions.insert_many (NEW_COLUMNS), in the leaders' order."""
     rows = [_columns(items[i].message, items[i].idempotency_key, items[i].fingerprint, now) for i in leaders]
     for i, row in zip(leaders, rows, strict=True):
         template = items[i].message.template
         row["template_id"] = template.pk if template is not None else None
-    api_key_id = api_key.pk if api_key is not None else None
-    with transaction.atomic():
-        inserted = transitions.insert_many(api_key_id, rows)
-        by_key = {key: message_id for message_id, key in inserted if key is not None}
-        unkeyed = iter(message_id for message_id, key in inserted if key is None)
-        fresh: list[tuple[int, str]] = []  # (id, priority) of the queued rows inserted now
-        scheduled: list[tuple[str, datetime]] = []
-        taken: list[int] = []  # leaders whose key an earlier message holds
-        for i, row in zip(leaders, rows, strict=True):
-            key = items[i].idempotency_key
-            message_id = next(unkeyed) if key is None else by_key.get(key)
-            if message_id is None:
-                taken.append(i)
-                continue
-            accepted.ids[i], accepted.statuses[i] = message_id, row["status"]
-            if row["status"] == MessageStatus.SCHEDULED:
-                scheduled.append((message_unit(message_id), row["due_at"]))
-            else:
-                fresh.append((message_id, row["priority"]))
-        if taken:
-            earlier = {
-                key: (message_id, fingerprint, status)
-                for key, message_id, fingerprint, status in Message.objects.filter(
-                    api_key_id=api_key_id, idempotency_key__in=[items[i].idempotency_key for i in taken]
-                ).values_list("idempotency_key", "id", "request_fingerprint", "status")
-            }
-            for i in taken:
-                message_id, fingerprint, status = earlier[items[i].idempotency_key]
-                if fingerprint != items[i].fingerprint:
-                    accepted.conflicts.append(i)
-                else:
-                    accepted.ids[i], accepted.statuses[i], accepted.replayed[i] = message_id, status, True
-        for i, first in follows.items():
-            if items[i].fingerprint != items[first].fingerprint or first in accepted.conflicts:
-                accepted.conflicts.append(i)
-            else:
-                accepted.ids[i], accepted.statuses[i], accepted.replayed[i] = (
-                    accepted.ids[first],
-                    accepted.statuses[first],
-                    True,
-                )
-        accepted.conflicts.sort()
-        if accepted.conflicts and not partial:
-            raise BatchConflict(accepted.conflicts)  # rolls the batch back: nothing was accepted
-        send_tasks.record_sends_by_priority(fresh)
-        index_after_commit(scheduled)
-    return accepted
+    return rows
+
+
+def _place_inserted(
+    items: list[BatchItem],
+    leaders: list[int],
+    rows: list[dict[str, Any]],
+    inserted: list[tuple[int, str | None]],
+    accepted: BatchAccepted,
+) -> tuple[list[tuple[int, str]], list[tuple[str, datetime]], list[int]]:
+    """Each leader's inserted row put in `accepted`; returns the rows to send (`fresh`), the
+    units to index (`scheduled`) and the leaders nothing was inserted for (`taken`)."""
+    by_key = {key: message_id for message_id, key in inserted if key is not None}
+    unkeyed = iter(message_id for message_id, key in inserted if key is None)
+    fresh: list[tuple[int, str]] = []  # (id, priority) of the queued rows inserted now
+    scheduled: list[tuple[str, datetime]] = []
+    taken: list[int] = []  # leaders whose key an earlier message holds
+    for i, row in zip(leaders, rows, strict=True):
+        key = items[i].idempotency_key
+        message_id = next(unkeyed) if key is None else by_key.get(key)
+        if message_id is None:
+            taken.append(i)
+            continue
+        accepted.ids[i], accepted.statuses[i] = message_id, row["status"]
+        if row["status"] == MessageStatus.SCHEDULED:
+            scheduled.append((message_unit(message_id), row["due_at"]))
+        else:
+            fresh.append((message_id, row["priority"]))
+    return fresh, scheduled, taken
+
+
+def _replay_earlier(
+    items: list[BatchItem], taken: list[int], api_key_id: int | None, accepted: BatchAccepted
+) -> None:
+    """The `taken` leaders, whose key an earlier message holds, read in one SELECT: the same
+    body gets that message again (`replayed`), another is a conflict."""
+    earlier = {
+        key: (message_id, fingerprint, status)
+        for key, message_id, fingerprint, status in Message.objects.filter(
+            api_key_id=api_key_id, idempotency_key__in=[items[i].idempotency_key for i in taken]
+        ).values_list("idempotency_key", "id", "request_fingerprint", "status")
+    }
+    for i in taken:
+        message_id, fingerprint, status = earlier[items[i].idempotency_key]
+        if fingerprint != items[i].fingerprint:
+            accepted.conflicts.append(i)
+        else:
+            accepted.ids[i], accepted.statuses[i], accepted.replayed[i] = message_id, status, True
+
+
+def _replay_followers(items: list[BatchItem], follows: dict[int, int], accepted: BatchAccepted) -> None:
+    """Each follower gets its leader's message again (`replayed`), or is a conflict when its
+    body differs from its leader's or its leader is one."""
+    for i, first in follows.items():
+        if items[i].fingerprint != items[first].fingerprint or first in accepted.conflicts:
+            accepted.conflicts.append(i)
+        else:
+            accepted.ids[i], accepted.statuses[i], accepted.replayed[i] = (
+                accepted.ids[first],
+                accepted.statuses[first],
+                True,
+            )
