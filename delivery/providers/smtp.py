@@ -12,7 +12,7 @@ round is one write and its replies are read back in order: one round trip per me
 smtplib's `sendmail` makes four. Without it, every command is a group of one, written once the
 reply before it has been read (the lock-step dialogue the extension relaxes), and a transaction
 refused is sent no further.
-Every reply is judged by the same rules either way (`_reply`, `_judge_envelope`, `_judge_end`).
+Every reply is judged by the same rules either way (`_reply`, and delivery/providers/smtp_replies.py).
 A pipelined batch is also spread over up to SMTP_CONNECTIONS connections (one per
 MESSAGES_PER_CONNECTION messages), driven in turn so that their round trips overlap (`_drive`);
 without PIPELINING a batch keeps one connection.
@@ -34,27 +34,16 @@ from typing import Any
 from django.conf import settings
 
 from delivery.exceptions import ProviderThrottled, ProviderUnavailable
-from delivery.providers.base import Guard, Outcome, OutgoingEmail, Provider, SendResult, gone_part_way
+from delivery.providers import smtp_replies as replies
+from delivery.providers.base import Guard, OutgoingEmail, Provider, SendResult, gone_part_way
 from delivery.providers.dkim import DkimSigner
 from delivery.providers.mime import ascii_address, bare_address, render
+from delivery.providers.smtp_replies import Reply
 
 _CONNECTION_ERRORS = (smtplib.SMTPServerDisconnected, ConnectionError, socket.timeout, OSError)
-# A temporary refusal that says we are sending too fast ("451 4.7.0 Too many messages, slow
-# down", SES's SMTP "454 Throttling failure: Maximum sending rate exceeded", or a 421 — the
-# server closing the channel — that tells us to "try again later"). That is the relay rate
-# limiting the account, not a recipient's problem and not the relay being down: the provider
-# is paused. A bare "451 4.3.0 try again later" names no rate and may concern one mailbox, so
-# it stays a transient failure of that recipient.
-_RATE_TEXT = re.compile(r"\brate\b|too many|throttl|slow down|exceeded", re.IGNORECASE)
-_LATER_TEXT = re.compile(r"try (again )?later", re.IGNORECASE)
 # RFC 5321 §4.5.2: a line of the content that starts with "." gets one more.
 _LEADING_DOT = re.compile(rb"(?m)^\.")
 _RSET = b"RSET\r\n"
-# The reply each command of the envelope needs for its transaction to go on (RFC 5321 §4.3.2):
-# MAIL FROM 250, RCPT TO 250 (or 251, forwarded), DATA 354 (send the content); and the stage a
-# refusal of each is reported at.
-_ENVELOPE = (("sender", (250,)), ("recipient", (250, 251)), ("data", (354,)))
-_Reply = tuple[int, bytes]  # a reply's code and text
 
 
 @dataclass(slots=True)
@@ -77,7 +66,7 @@ class _Open:
 
 # A command of a round and what its reply settles: the envelope's replies (a list to add it to),
 # an open transaction's outcome, or (None) the RSET.
-_Step = tuple[bytes, _Open | list[_Reply] | None]
+_Step = tuple[bytes, _Open | list[Reply] | None]
 
 
 @dataclass(slots=True)
@@ -158,13 +147,13 @@ class SMTPProvider(Provider):
                     connection.login(self.username, self.password)
             except smtplib.SMTPAuthenticationError as exc:
                 raise ProviderUnavailable(
-                    f"SMTP login refused by {self.host}:{self.port}: {exc}", **_fields(exc)
+                    f"SMTP login refused by {self.host}:{self.port}: {exc}", **replies.fields(exc)
                 ) from exc
             except smtplib.SMTPResponseException as exc:
                 # A greeting of "421 too many connections, try later" is a rate limit too.
-                _raise_if_throttled(exc)
+                replies.raise_if_throttled(exc)
                 raise ProviderUnavailable(
-                    f"cannot connect to SMTP {self.host}:{self.port}: {exc}", **_fields(exc)
+                    f"cannot connect to SMTP {self.host}:{self.port}: {exc}", **replies.fields(exc)
                 ) from exc
             except (*_CONNECTION_ERRORS, smtplib.SMTPException) as exc:
                 raise ProviderUnavailable(
@@ -315,7 +304,7 @@ class SMTPProvider(Provider):
         its replies read in order. Without, each command is a group of one, and a transaction
         refused is sent no further. Yields after each write, before reading its replies; returns
         `current` if its DATA got 354 (its content starts the next round)."""
-        envelope: list[_Reply] = []
+        envelope: list[Reply] = []
         steps: list[_Step] = []
         if open_ is not None:
             steps.append((open_.message.content, open_))
@@ -327,7 +316,7 @@ class SMTPProvider(Provider):
         size = len(steps) if pipelining else 1
         try:
             for start in range(0, len(steps), size):
-                if envelope and _refused(envelope):
+                if envelope and replies.refused(envelope):
                     break  # (only without PIPELINING, where the refusal is known before the next write)
                 group = steps[start : start + size]
                 connection.send(b"".join([line for line, _ in group]))
@@ -345,20 +334,21 @@ class SMTPProvider(Provider):
             if isinstance(settles, list):
                 settles.append((code, reply))
             elif settles is not None:
-                batch.results[settles.message.id] = settles.failure or self._judge_end(
-                    settles.message, code, reply
+                batch.results[settles.message.id] = settles.failure or replies.judge_end(
+                    settles.message.message_id, code, reply
                 )
             elif code != 250:
                 raise _Lost(
-                    f"SMTP {code} to RSET: {_decode(reply)}", smtplib.SMTPResponseException(code, reply)
+                    f"SMTP {code} to RSET: {replies.decode(reply)}",
+                    smtplib.SMTPResponseException(code, reply),
                 )
             else:
                 self._needs_reset = False
 
-    def _opened(self, current: _Prepared, envelope: list[_Reply], batch: _Batch) -> _Open | None:
+    def _opened(self, current: _Prepared, envelope: list[Reply], batch: _Batch) -> _Open | None:
         """`current` once its envelope's replies are in: open when DATA got 354; otherwise
         refused, its outcome recorded and the connection due an RSET."""
-        failure = self._judge_envelope(envelope)
+        failure = replies.judge_envelope(envelope)
         if failure is None or (len(envelope) == 3 and envelope[2][0] == 354):
             # (A server that said 354 after refusing the recipient still gets the content.)
             return _Open(current, failure)
@@ -366,50 +356,15 @@ class SMTPProvider(Provider):
         self._needs_reset = True
         return None
 
-    def _reply(self, connection: smtplib.SMTP) -> _Reply:
+    def _reply(self, connection: smtplib.SMTP) -> Reply:
         code, reply = connection.getreply()
         if code in (421, -1):
             # 421: the server is closing the channel (RFC 5321 §3.8), whatever command it
             # answered; the connection is gone, unless it says we are going too fast.
             error = smtplib.SMTPResponseException(code, reply)
-            _raise_if_throttled(error)
-            raise _Lost(f"SMTP {code}: {_decode(reply)}", error)
+            replies.raise_if_throttled(error)
+            raise _Lost(f"SMTP {code}: {replies.decode(reply)}", error)
         return code, reply
-
-    def _judge_envelope(self, replies: list[_Reply]) -> SendResult | None:
-        """The outcome decided by the first reply to MAIL FROM, RCPT TO or DATA (in that order)
-        that refused the transaction, or None when each got the reply its transaction needs."""
-        for (code, reply), (stage, expected) in zip(replies, _ENVELOPE, strict=False):
-            if code in expected:
-                continue
-            if stage == "data":
-                return self._judge_data(code, reply)
-            error = smtplib.SMTPResponseException(code, reply)
-            _raise_if_throttled(error)
-            if stage == "sender" and code >= 500:
-                # Refused at MAIL FROM (530 auth required, 553 sender not allowed): our
-                # account or sender is wrong for every message. Not the recipients' fault.
-                raise ProviderUnavailable(
-                    f"SMTP {code} at MAIL FROM: {_decode(reply)} "
-                    "(check SMTP_USERNAME/SMTP_PASSWORD and EMAILHUB_DEFAULT_FROM)",
-                    **_fields(error),
-                )
-            return _result_for_code(code, reply, f"refused at {stage}")
-        return None
-
-    def _judge_end(self, sent: _Prepared, code: int, reply: bytes) -> SendResult:
-        if code == 250:
-            return SendResult.accepted(sent.message_id)
-        return self._judge_data(code, reply)
-
-    def _judge_data(self, code: int, reply: bytes) -> SendResult:
-        _raise_if_throttled(smtplib.SMTPResponseException(code, reply))
-        result = _result_for_code(code, reply, "refused at data")
-        if result.outcome is Outcome.PERMANENT:
-            # 5xx after DATA (content rejected, too large): the message is at fault, the
-            # address may be fine, so it is not suppressed.
-            return SendResult(Outcome.PERMANENT, error=result.error, suppress=False)
-        return result
 
     def close(self) -> None:
         for lane in self._extra:
@@ -451,11 +406,6 @@ def _drive(lanes: list[Iterator[None]], batch: _Batch) -> list[ProviderThrottled
     return failures
 
 
-def _refused(envelope: list[_Reply]) -> bool:
-    """Whether one of these replies to MAIL FROM, RCPT TO and DATA (in order) refused them."""
-    return any(code not in expected for (code, _), (_, expected) in zip(envelope, _ENVELOPE, strict=False))
-
-
 def _next_held(queue: Iterator[_Prepared], batch: _Batch) -> _Prepared | None:
     """The next message of `queue` the guard allows; those it does not are ABANDONED on the way."""
     for prepared in queue:
@@ -478,28 +428,5 @@ def _held(prepared: Iterable[_Prepared], batch: _Batch) -> list[_Prepared]:
 
 def _lost_fields(exc: BaseException, provider: str) -> dict[str, Any]:
     if isinstance(exc, smtplib.SMTPResponseException):
-        return _fields(exc)
+        return replies.fields(exc)
     return {"provider": provider}
-
-
-def _raise_if_throttled(exc: smtplib.SMTPResponseException) -> None:
-    reply = _decode(exc.smtp_error)
-    code = exc.smtp_code
-    if (code in (421, 451, 454) and _RATE_TEXT.search(reply)) or (code == 421 and _LATER_TEXT.search(reply)):
-        raise ProviderThrottled(f"SMTP {exc.smtp_code}: {reply}", **_fields(exc)) from exc
-
-
-def _fields(exc: smtplib.SMTPResponseException) -> dict[str, Any]:
-    """The ProviderError fields of an SMTP reply: its code as the status, its text as the body."""
-    return {"provider": SMTPProvider.name, "status": exc.smtp_code, "body": _decode(exc.smtp_error)}
-
-
-def _decode(reply: bytes | str) -> str:
-    return reply.decode("utf-8", "replace") if isinstance(reply, bytes) else str(reply)
-
-
-def _result_for_code(code: int, reply: bytes | str, what: str) -> SendResult:
-    error = f"SMTP {code} {what}: {_decode(reply)}"
-    if 500 <= code < 600:
-        return SendResult.permanent(error)
-    return SendResult.transient(error)
