@@ -40,6 +40,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.backends.utils import CursorWrapper
 
 from campaigns.models import Suppression
 from campaigns.progress import move_feedback_counters
@@ -281,47 +282,71 @@ def _classified(events: list[ProviderEvent]) -> list[ProviderEvent]:
     todo = [i for i, e in enumerate(events) if e.kind in ENGAGEMENT_KINDS and not e.classification]
     if not todo:
         return events
-    ids = sorted({m for i in todo if (m := events[i].message_id) is not None})
-    sent_at: dict[int, datetime] = {}
-    if ids:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT id, sent_at FROM delivery_message WHERE id = ANY(%s) AND sent_at IS NOT NULL", [ids]
-            )
-            sent_at = dict(cursor.fetchall())
-    clicks = [i for i in todo if events[i].kind == Kind.CLICKED and events[i].message_id is not None]
-    # Which link: the tracking queue's link index, else the provider's URL (in detail).
-    links = {
-        link: n
-        for n, link in enumerate({str(events[i].payload.get("link", events[i].detail)) for i in clicks})
-    }
-    in_burst = {
-        clicks[p]
-        for p in bursts(
-            [
-                (events[i].message_id or 0, links[str(events[i].payload.get("link", events[i].detail))],
-                 events[i].occurred_at.timestamp())
-                for i in clicks
-            ]
-        )
-    }  # fmt: skip
+    sent_at = _sent_at(sorted({m for i in todo if (m := events[i].message_id) is not None}))
+    in_burst = _in_burst(events, todo)
     scanner_seconds = settings.EMAILHUB_TRACKING_SCANNER_SECONDS
     result = list(events)
     for i in todo:
-        e = events[i]
-        hit = Hit(
-            kind=e.kind,
-            user_agent=e.user_agent,
-            ip=e.ip,
-            occurred_at=e.occurred_at,
-            sent_at=sent_at.get(e.message_id) if e.message_id is not None else None,
-            machine_open=e.machine_open,
-            burst=i in in_burst,
-        )
-        result[i] = ProviderEvent(
-            **{**e.__dict__, "classification": classify(hit, scanner_seconds=scanner_seconds)}
-        )
+        result[i] = _with_class(events[i], sent_at, burst=i in in_burst, scanner_seconds=scanner_seconds)
     return result
+
+
+def _sent_at(message_ids: list[int]) -> dict[int, datetime]:
+    """When each of these messages was sent, for those that were: one query for the batch."""
+    if not message_ids:
+        return {}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT id, sent_at FROM delivery_message WHERE id = ANY(%s) AND sent_at IS NOT NULL",
+            [message_ids],
+        )
+        return dict(cursor.fetchall())
+
+
+def _link(event: ProviderEvent) -> str:
+    """Which link a click is on: the tracking queue's link index, else the provider's URL (in
+    detail)."""
+    return str(event.payload.get("link", event.detail))
+
+
+def _in_burst(events: list[ProviderEvent], todo: list[int]) -> set[int]:
+    """The positions (in `events`, among `todo`) of the clicks on a known message that are part
+    of a burst of the batch's clicks (classify.bursts)."""
+    clicks = [i for i in todo if events[i].kind == Kind.CLICKED and events[i].message_id is not None]
+    links = {link: n for n, link in enumerate({_link(events[i]) for i in clicks})}
+    found = bursts(
+        [
+            (events[i].message_id or 0, links[_link(events[i])], events[i].occurred_at.timestamp())
+            for i in clicks
+        ]
+    )
+    return {clicks[p] for p in found}
+
+
+def _with_class(
+    event: ProviderEvent, sent_at: dict[int, datetime], *, burst: bool, scanner_seconds: float
+) -> ProviderEvent:
+    """`event` with the class classify gives its hit."""
+    hit = Hit(
+        kind=event.kind,
+        user_agent=event.user_agent,
+        ip=event.ip,
+        occurred_at=event.occurred_at,
+        sent_at=sent_at.get(event.message_id) if event.message_id is not None else None,
+        machine_open=event.machine_open,
+        burst=burst,
+    )
+    return ProviderEvent(
+        **{**event.__dict__, "classification": classify(hit, scanner_seconds=scanner_seconds)}
+    )
+
+
+# A row `_INSERT_SQL` returns, one per event of the batch really inserted (not a duplicate):
+# (id, message_id or None when unmatched, campaign_id or None, kind, recipient, bounce, detail,
+# classification, occurred_at, provider). Plain tuples, unpacked in each step rather than made
+# into NamedTuples: building one per row made these steps 25-40% slower (1.6 → 2.0-2.2 ms for
+# 1,000 rows, measured in-process).
+_Inserted = tuple[int, int | None, int | None, str, str, str, str, str, datetime, str]
 
 
 def record_events(events: Sequence[ProviderEvent]) -> RecordedEvents:
@@ -334,58 +359,13 @@ def record_events(events: Sequence[ProviderEvent]) -> RecordedEvents:
         return RecordedEvents(received=0, new=0, duplicates=0, suppressed=0, unmatched=0)
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(_INSERT_SQL, _columns(batch))
-        inserted = cursor.fetchall()
-
-        to_suppress: dict[
-            str, tuple[str, str]
-        ] = {}  # address → (reason, detail): the strongest, else the first
-        counted: dict[tuple[int, str], int] = {}  # (message, category) → campaign
-        new_ids = []
-        opened: dict[int, datetime] = {}
-        clicked: dict[int, datetime] = {}
-        received: Counter[tuple[str, str, str]] = Counter((e.provider, e.kind, "duplicate") for e in batch)
-        engagement: Counter[tuple[str, str, str]] = Counter()
-        for event_id, message_id, campaign_id, kind, recipient, bounce, detail, cls, at, provider in inserted:
-            new_ids.append(event_id)
-            received[(provider, kind, "duplicate")] -= 1
-            received[(provider, kind, "new")] += 1
-            if kind in ENGAGEMENT_KINDS:
-                engagement[(provider, kind, cls)] += 1
-            if cls == EmailEvent.Classification.HUMAN and message_id is not None:
-                # A person's click is also an open: images may be blocked, the link was read.
-                opened[message_id] = min(at, opened.get(message_id, at))
-                if kind == Kind.CLICKED:
-                    clicked[message_id] = min(at, clicked.get(message_id, at))
-            category = consequence_of(kind, bounce)
-            if category is None:
-                continue
-            if recipient:
-                # One batch may bounce and unsubscribe the same address: the bounce wins.
-                earlier = to_suppress.get(recipient)
-                if earlier is None or stronger(earlier[0], category) != earlier[0]:
-                    to_suppress[recipient] = (category, detail)
-            if message_id is not None and campaign_id is not None:
-                counted[(message_id, category)] = campaign_id
-
-        if counted:
-            campaigns = sorted(set(counted.values()))  # a fixed order: no deadlocks
-            for campaign_id in campaigns:
-                cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [LOCK_CLASS, campaign_id])
-            cursor.execute(_ALREADY_COUNTED_SQL, [sorted({m for m, _ in counted}), new_ids])
-            for message_id, category in cursor.fetchall():
-                counted.pop((message_id, category), None)
-            feedback: Counter[tuple[int, str]] = Counter(
-                (campaign_id, category) for (_, category), campaign_id in counted.items()
-            )
-            move_feedback_counters(feedback)
-
+        inserted: list[_Inserted] = cursor.fetchall()
+        to_suppress, counted = _feedback(inserted)
+        _count_feedback(cursor, counted, [row[0] for row in inserted])
+        opened, clicked = _first_engagement(inserted)
         record_first_engagement(opened, clicked)
-
-        by_reason: dict[str, list[tuple[str, str]]] = defaultdict(list)
-        for address, (reason, detail) in to_suppress.items():
-            by_reason[reason].append((address, detail))
-        for reason, addresses in sorted(by_reason.items()):
-            suppress(addresses, reason)
+        _suppress_all(to_suppress)
+        received, engagement = _event_counts(batch, inserted)
         # After the commit: a batch rolled back (and retried by the provider) counts once.
         transaction.on_commit(lambda: metrics.count_events(received, engagement))
 
@@ -397,3 +377,78 @@ def record_events(events: Sequence[ProviderEvent]) -> RecordedEvents:
         suppressed=len(to_suppress),
         unmatched=sum(1 for row in inserted if row[1] is None),
     )
+
+
+def _feedback(inserted: list[_Inserted]) -> tuple[dict[str, tuple[str, str]], dict[tuple[int, str], int]]:
+    """The consequences (`consequence_of`) of the inserted events: address → (reason, detail) to
+    suppress, the strongest reason, else the first; and (message, category) → campaign to count."""
+    to_suppress: dict[str, tuple[str, str]] = {}
+    counted: dict[tuple[int, str], int] = {}
+    for _, message_id, campaign_id, kind, recipient, bounce, detail, _, _, _ in inserted:
+        category = consequence_of(kind, bounce)
+        if category is None:
+            continue
+        if recipient:
+            # One batch may bounce and unsubscribe the same address: the bounce wins.
+            earlier = to_suppress.get(recipient)
+            if earlier is None or stronger(earlier[0], category) != earlier[0]:
+                to_suppress[recipient] = (category, detail)
+        if message_id is not None and campaign_id is not None:
+            counted[(message_id, category)] = campaign_id
+    return to_suppress, counted
+
+
+def _count_feedback(cursor: CursorWrapper, counted: dict[tuple[int, str], int], new_ids: list[int]) -> None:
+    """Move the campaigns' feedback counters for the (message, category) pairs in `counted` that
+    no event outside this batch (`new_ids`) reported already, under each campaign's advisory lock
+    (LOCK_CLASS). Drops the pairs already counted from `counted`."""
+    if not counted:
+        return
+    campaigns = sorted(set(counted.values()))  # a fixed order: no deadlocks
+    for campaign_id in campaigns:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [LOCK_CLASS, campaign_id])
+    cursor.execute(_ALREADY_COUNTED_SQL, [sorted({m for m, _ in counted}), new_ids])
+    for message_id, category in cursor.fetchall():
+        counted.pop((message_id, category), None)
+    feedback: Counter[tuple[int, str]] = Counter(
+        (campaign_id, category) for (_, category), campaign_id in counted.items()
+    )
+    move_feedback_counters(feedback)
+
+
+def _first_engagement(inserted: list[_Inserted]) -> tuple[dict[int, datetime], dict[int, datetime]]:
+    """The earliest human open and click of each message among the inserted events, for
+    record_first_engagement."""
+    opened: dict[int, datetime] = {}
+    clicked: dict[int, datetime] = {}
+    for _, message_id, _, kind, _, _, _, cls, at, _ in inserted:
+        if cls == EmailEvent.Classification.HUMAN and message_id is not None:
+            # A person's click is also an open: images may be blocked, the link was read.
+            opened[message_id] = min(at, opened.get(message_id, at))
+            if kind == Kind.CLICKED:
+                clicked[message_id] = min(at, clicked.get(message_id, at))
+    return opened, clicked
+
+
+def _suppress_all(to_suppress: dict[str, tuple[str, str]]) -> None:
+    """Suppress the addresses: one `suppress` per reason, the reasons in a fixed order."""
+    by_reason: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    for address, (reason, detail) in to_suppress.items():
+        by_reason[reason].append((address, detail))
+    for reason, addresses in sorted(by_reason.items()):
+        suppress(addresses, reason)
+
+
+def _event_counts(
+    batch: list[ProviderEvent], inserted: list[_Inserted]
+) -> tuple[Counter[tuple[str, str, str]], Counter[tuple[str, str, str]]]:
+    """metrics.count_events' figures: the batch's events by (provider, kind, "new" or
+    "duplicate"), and the inserted opens and clicks by (provider, kind, classification)."""
+    received: Counter[tuple[str, str, str]] = Counter((e.provider, e.kind, "duplicate") for e in batch)
+    engagement: Counter[tuple[str, str, str]] = Counter()
+    for _, _, _, kind, _, _, _, cls, _, provider in inserted:
+        received[(provider, kind, "duplicate")] -= 1
+        received[(provider, kind, "new")] += 1
+        if kind in ENGAGEMENT_KINDS:
+            engagement[(provider, kind, cls)] += 1
+    return received, engagement
