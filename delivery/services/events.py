@@ -38,7 +38,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.conf import settings
 from django.db import connection, transaction
 from django.db.backends.utils import CursorWrapper
 
@@ -49,8 +48,8 @@ from core import metrics
 from core.validators import json_storage_problem, unstorable_reason
 from delivery.exceptions import InvalidEvent
 from delivery.models import EmailEvent
+from delivery.services.event_classes import ENGAGEMENT_KINDS, classified
 from delivery.services.transitions import record_first_engagement
-from delivery.tracking.classify import Hit, bursts, classify
 
 Kind = EmailEvent.Kind
 
@@ -272,75 +271,6 @@ def _columns(events: Sequence[ProviderEvent]) -> dict[str, list[Any]]:
     }
 
 
-ENGAGEMENT_KINDS = (Kind.OPENED, Kind.CLICKED)
-
-
-def _classified(events: list[ProviderEvent]) -> list[ProviderEvent]:
-    """Every open and click with its class (delivery/tracking/classify.py): the ones the source
-    left unclassified are classified here, with the message's send time (one query for the
-    batch) for the scanner rule and the batch's clicks for the burst rule."""
-    todo = [i for i, e in enumerate(events) if e.kind in ENGAGEMENT_KINDS and not e.classification]
-    if not todo:
-        return events
-    sent_at = _sent_at(sorted({m for i in todo if (m := events[i].message_id) is not None}))
-    in_burst = _in_burst(events, todo)
-    scanner_seconds = settings.EMAILHUB_TRACKING_SCANNER_SECONDS
-    result = list(events)
-    for i in todo:
-        result[i] = _with_class(events[i], sent_at, burst=i in in_burst, scanner_seconds=scanner_seconds)
-    return result
-
-
-def _sent_at(message_ids: list[int]) -> dict[int, datetime]:
-    """When each of these messages was sent, for those that were: one query for the batch."""
-    if not message_ids:
-        return {}
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT id, sent_at FROM delivery_message WHERE id = ANY(%s) AND sent_at IS NOT NULL",
-            [message_ids],
-        )
-        return dict(cursor.fetchall())
-
-
-def _link(event: ProviderEvent) -> str:
-    """Which link a click is on: the tracking queue's link index, else the provider's URL (in
-    detail)."""
-    return str(event.payload.get("link", event.detail))
-
-
-def _in_burst(events: list[ProviderEvent], todo: list[int]) -> set[int]:
-    """The positions (in `events`, among `todo`) of the clicks on a known message that are part
-    of a burst of the batch's clicks (classify.bursts)."""
-    clicks = [i for i in todo if events[i].kind == Kind.CLICKED and events[i].message_id is not None]
-    links = {link: n for n, link in enumerate({_link(events[i]) for i in clicks})}
-    found = bursts(
-        [
-            (events[i].message_id or 0, links[_link(events[i])], events[i].occurred_at.timestamp())
-            for i in clicks
-        ]
-    )
-    return {clicks[p] for p in found}
-
-
-def _with_class(
-    event: ProviderEvent, sent_at: dict[int, datetime], *, burst: bool, scanner_seconds: float
-) -> ProviderEvent:
-    """`event` with the class classify gives its hit."""
-    hit = Hit(
-        kind=event.kind,
-        user_agent=event.user_agent,
-        ip=event.ip,
-        occurred_at=event.occurred_at,
-        sent_at=sent_at.get(event.message_id) if event.message_id is not None else None,
-        machine_open=event.machine_open,
-        burst=burst,
-    )
-    return ProviderEvent(
-        **{**event.__dict__, "classification": classify(hit, scanner_seconds=scanner_seconds)}
-    )
-
-
 # A row `_INSERT_SQL` returns, one per event of the batch really inserted (not a duplicate):
 # (id, message_id or None when unmatched, campaign_id or None, kind, recipient, bounce, detail,
 # classification, occurred_at, provider). Plain tuples, unpacked in each step rather than made
@@ -354,7 +284,7 @@ def record_events(events: Sequence[ProviderEvent]) -> RecordedEvents:
 
     Raises InvalidEvent (nothing written) if any event is malformed.
     """
-    batch = _classified([_validated(e) for e in events])
+    batch = classified([_validated(e) for e in events])
     if not batch:
         return RecordedEvents(received=0, new=0, duplicates=0, suppressed=0, unmatched=0)
     with transaction.atomic(), connection.cursor() as cursor:
