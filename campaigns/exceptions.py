@@ -10,7 +10,6 @@ from rest_framework.exceptions import APIException
 from core.api_json import RequestTooLarge
 
 if TYPE_CHECKING:
-    from campaigns.importing import ImportReport
     from campaigns.models import ContactList
 
 
@@ -47,10 +46,6 @@ class ImportFileError(Exception):
 
     Raised before anything is written: only the header can fail a file.
     """
-
-    def __init__(self, message: str, report: ImportReport | None = None) -> None:
-        super().__init__(message)
-        self.report = report
 
 
 class ImportTooLarge(RequestTooLarge):

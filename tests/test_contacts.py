@@ -237,9 +237,8 @@ def test_quote_inside_an_unquoted_field_is_kept_literally(tmp_path: Path) -> Non
 def test_a_bad_header_is_an_error_naming_the_fix_and_writes_nothing(
     tmp_path: Path, text: str, message: str
 ) -> None:
-    with pytest.raises(ImportFileError, match=re.escape(message)) as caught:
+    with pytest.raises(ImportFileError, match=re.escape(message)):
         run_import(write(tmp_path, text), list_name="newsletter")
-    assert caught.value.report is None
     assert Contact.objects.count() == 0
     assert ContactList.objects.count() == 0
 

@@ -6,9 +6,9 @@ the scanner rule and the batch's clicks for the burst rule.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from django.conf import settings
 from django.db import connection
@@ -16,28 +16,48 @@ from django.db import connection
 from delivery.models import EmailEvent
 from delivery.tracking.classify import Hit, bursts, classify
 
-if TYPE_CHECKING:
-    from delivery.services.events import ProviderEvent
-
 Kind = EmailEvent.Kind
+
+
+class Engagement(Protocol):
+    """What classifying needs of an event (delivery.services.events.ProviderEvent has it)."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def classification(self) -> str: ...
+    @property
+    def message_id(self) -> int | None: ...
+    @property
+    def occurred_at(self) -> datetime: ...
+    @property
+    def payload(self) -> Mapping[str, Any]: ...
+    @property
+    def detail(self) -> str: ...
+    @property
+    def user_agent(self) -> str: ...
+    @property
+    def ip(self) -> str: ...
+    @property
+    def machine_open(self) -> bool: ...
+
 
 ENGAGEMENT_KINDS = (Kind.OPENED, Kind.CLICKED)
 
 
-def classified(events: list[ProviderEvent]) -> list[ProviderEvent]:
-    """Every open and click with its class (delivery/tracking/classify.py): the ones the source
-    left unclassified are classified here, with the message's send time (one query for the
+def classes_of(events: Sequence[Engagement]) -> dict[int, str]:
+    """The class (delivery/tracking/classify.py) of each open and click the source left
+    unclassified, by its position in `events`: with the message's send time (one query for the
     batch) for the scanner rule and the batch's clicks for the burst rule."""
     todo = [i for i, e in enumerate(events) if e.kind in ENGAGEMENT_KINDS and not e.classification]
     if not todo:
-        return events
+        return {}
     sent_at = _sent_at(sorted({m for i in todo if (m := events[i].message_id) is not None}))
     in_burst = _in_burst(events, todo)
     scanner_seconds = settings.EMAILHUB_TRACKING_SCANNER_SECONDS
-    result = list(events)
-    for i in todo:
-        result[i] = _with_class(events[i], sent_at, burst=i in in_burst, scanner_seconds=scanner_seconds)
-    return result
+    return {
+        i: _class_of(events[i], sent_at, burst=i in in_burst, scanner_seconds=scanner_seconds) for i in todo
+    }
 
 
 def _sent_at(message_ids: list[int]) -> dict[int, datetime]:
@@ -52,13 +72,13 @@ def _sent_at(message_ids: list[int]) -> dict[int, datetime]:
         return dict(cursor.fetchall())
 
 
-def _link(event: ProviderEvent) -> str:
+def _link(event: Engagement) -> str:
     """Which link a click is on: the tracking queue's link index, else the provider's URL (in
     detail)."""
     return str(event.payload.get("link", event.detail))
 
 
-def _in_burst(events: list[ProviderEvent], todo: list[int]) -> set[int]:
+def _in_burst(events: Sequence[Engagement], todo: list[int]) -> set[int]:
     """The positions (in `events`, among `todo`) of the clicks on a known message that are part
     of a burst of the batch's clicks (classify.bursts)."""
     clicks = [i for i in todo if events[i].kind == Kind.CLICKED and events[i].message_id is not None]
@@ -72,10 +92,8 @@ def _in_burst(events: list[ProviderEvent], todo: list[int]) -> set[int]:
     return {clicks[p] for p in found}
 
 
-def _with_class(
-    event: ProviderEvent, sent_at: dict[int, datetime], *, burst: bool, scanner_seconds: float
-) -> ProviderEvent:
-    """`event` with the class classify gives its hit."""
+def _class_of(event: Engagement, sent_at: dict[int, datetime], *, burst: bool, scanner_seconds: float) -> str:
+    """The class classify gives `event`'s hit."""
     hit = Hit(
         kind=event.kind,
         user_agent=event.user_agent,
@@ -85,4 +103,4 @@ def _with_class(
         machine_open=event.machine_open,
         burst=burst,
     )
-    return replace(event, classification=classify(hit, scanner_seconds=scanner_seconds))
+    return classify(hit, scanner_seconds=scanner_seconds)

@@ -34,7 +34,7 @@ import hashlib
 import json
 from collections import Counter, defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -48,7 +48,7 @@ from core import metrics
 from core.validators import json_storage_problem, unstorable_reason
 from delivery.exceptions import InvalidEvent
 from delivery.models import EmailEvent
-from delivery.services.event_classes import ENGAGEMENT_KINDS, classified
+from delivery.services.event_classes import ENGAGEMENT_KINDS, classes_of
 from delivery.services.transitions import record_first_engagement
 
 Kind = EmailEvent.Kind
@@ -229,6 +229,12 @@ SELECT DISTINCT e.message_id, {_CATEGORY_SQL}
 LOCK_CLASS = 0x455654
 
 
+def _classified(events: list[ProviderEvent]) -> list[ProviderEvent]:
+    """Every open and click with its class: the source's, or delivery/services/event_classes.py's."""
+    classes = classes_of(events)
+    return [replace(e, classification=classes[i]) if i in classes else e for i, e in enumerate(events)]
+
+
 def _validated(event: ProviderEvent) -> ProviderEvent:
     if event.kind not in Kind.values:
         raise InvalidEvent(f"unknown event kind {event.kind!r}")
@@ -284,7 +290,7 @@ def record_events(events: Sequence[ProviderEvent]) -> RecordedEvents:
 
     Raises InvalidEvent (nothing written) if any event is malformed.
     """
-    batch = classified([_validated(e) for e in events])
+    batch = _classified([_validated(e) for e in events])
     if not batch:
         return RecordedEvents(received=0, new=0, duplicates=0, suppressed=0, unmatched=0)
     with transaction.atomic(), connection.cursor() as cursor:
