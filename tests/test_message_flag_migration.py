@@ -1,6 +1,6 @@
-"""delivery 0011/0012: the flags that rode in Message.context under reserved keys become columns.
+"""delivery 0012/0013: the flags that rode in Message.context under reserved keys become columns.
 
-Rows written before the change (at 0010, as the old code wrote them) are migrated forward into
+Rows written before the change (at 0011, as the old code wrote them) are migrated forward into
 the columns, their contexts keeping only the client's own keys, and back again unchanged.
 """
 
@@ -16,8 +16,8 @@ from django.db.migrations.executor import MigrationExecutor
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-BEFORE = [("delivery", "0010_accept_path")]
-AFTER = [("delivery", "0012_send_path_flags")]
+BEFORE = [("delivery", "0011_send_path")]
+AFTER = [("delivery", "0013_message_flags_data")]
 
 # context as the old code stored it → (list_unsubscribe, track_opens, track_clicks, test_send_by,
 # context after the migration)
@@ -41,7 +41,7 @@ def migrate(targets: list[tuple[str, str]]) -> None:
 
 
 @pytest.fixture
-def at_0010() -> Iterator[None]:
+def at_0011() -> Iterator[None]:
     migrate(BEFORE)
     try:
         yield
@@ -55,7 +55,7 @@ def contexts() -> dict[int, Any]:
         return {pk: None if value is None else json.loads(value) for pk, value in db.fetchall()}
 
 
-@pytest.mark.usefixtures("at_0010")
+@pytest.mark.usefixtures("at_0011")
 def test_reserved_context_keys_move_into_the_flag_columns_and_back() -> None:
     with connection.cursor() as db:
         db.execute(

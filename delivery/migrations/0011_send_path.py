@@ -1,18 +1,8 @@
-"""Message flags as columns: what rode in `context` under reserved keys (0012 moves them)."""
-
-from django.db import migrations, models
+# Reserved for this session's work (empty until an operation is needed here).
+from django.db import migrations
 
 
 class Migration(migrations.Migration):
     dependencies = [("delivery", "0010_accept_path")]
 
-    # A constant default is catalogue-only in PostgreSQL 11+: no table rewrite.
-    operations = [
-        *(
-            migrations.AddField("message", name, models.BooleanField(db_default=False, default=False))
-            for name in ("list_unsubscribe", "track_opens", "track_clicks")
-        ),
-        migrations.AddField(
-            "message", "test_send_by", models.CharField(blank=True, max_length=150, null=True)
-        ),
-    ]
+    operations: list = []

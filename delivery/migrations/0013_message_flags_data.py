@@ -1,4 +1,4 @@
-"""Existing messages' reserved context keys moved into 0011's columns, and out of `context`.
+"""Existing messages' reserved context keys moved into 0012's columns, and out of `context`.
 
 Its own migration, so its UPDATE runs in a transaction of its own, after the ALTER TABLEs have
 committed: it holds row locks on the rows it moves, not the table lock the schema change needs.
@@ -41,6 +41,6 @@ UPDATE delivery_message
 
 
 class Migration(migrations.Migration):
-    dependencies = [("delivery", "0011_send_path")]
+    dependencies = [("delivery", "0012_message_flags")]
 
     operations = [migrations.RunSQL(FORWARD, BACKWARD, elidable=True)]
