@@ -17,7 +17,7 @@ from delivery.models import EmailEvent, Message
 from delivery.services.messages import NewMessage
 
 # Keys of Message.context that carried these flags before they became columns (delivery
-# migration 0012 moved them out of stored contexts). A request's context still may not hold
+# migration 0013 moved them out of stored contexts). A request's context still may not hold
 # them, with the same answer as before: a client relying on one learns the field to use, and
 # nothing stored can be read as a flag again (by older code during a deploy, or after the
 # migration is reversed).
