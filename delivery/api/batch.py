@@ -26,7 +26,6 @@ from delivery.exceptions import BATCH_LIMIT_SETTING, BatchConflict, BatchConflic
 from delivery.models import ApiKey, ApiKeyScope
 from delivery.services.messages import BatchItem, accept_batch, request_fingerprint
 
-LIMIT_SETTING = BATCH_LIMIT_SETTING
 ENVELOPE = {"messages", "partial"}
 DESCRIPTION = """Up to 1,000 messages (EMAILHUB_API_BATCH_MAX_MESSAGES) in one request and one transaction.
 
@@ -145,7 +144,7 @@ class MessageBatchView(APIView):
             202: BatchResponseSerializer,
             400: OpenApiResponse(description="a bad envelope, or (all-or-nothing) bad items by index"),
             413: OpenApiResponse(
-                description=f"more messages than {LIMIT_SETTING} (1,000), or too large a body"
+                description=f"more messages than {BATCH_LIMIT_SETTING} (1,000), or too large a body"
             ),
             422: OpenApiResponse(
                 description="(all-or-nothing) items reusing an idempotency_key with another body"

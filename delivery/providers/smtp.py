@@ -416,13 +416,10 @@ def _next_held(queue: Iterator[_Prepared], batch: _Batch) -> _Prepared | None:
 
 
 def _held(prepared: Iterable[_Prepared], batch: _Batch) -> list[_Prepared]:
-    """The messages the guard allows; the others are ABANDONED."""
-    held = []
-    for message in prepared:
-        if batch.guard.allows(message.id):
-            held.append(message)
-        else:
-            batch.results[message.id] = SendResult.abandoned()
+    """The messages the guard allows; the others are ABANDONED (`_next_held`'s rule)."""
+    queue, held = iter(prepared), []
+    while (message := _next_held(queue, batch)) is not None:
+        held.append(message)
     return held
 
 
