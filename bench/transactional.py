@@ -46,6 +46,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
@@ -79,23 +80,34 @@ def db_sessions() -> int:
         return int(cursor.fetchone()[0])
 
 
-def post_paced(url: str, api_key: str, count: int, rate: float, tag: str) -> list[int]:
-    """POST `count` critical messages at `rate` per second from one keep-alive client (open loop:
-    each request starts at its slot, or at once if the previous answer came late); return ids."""
-    ids = []
-    with requests.Session() as session:
-        session.headers["Authorization"] = f"Bearer {api_key}"
-        started = time.perf_counter()
-        for i in range(count):
-            delay = started + i / rate - time.perf_counter()
-            if delay > 0:
-                time.sleep(delay)
-            response = session.post(url, json=message_body(i, tag), timeout=30)
-            if response.status_code != 202:
-                raise RuntimeError(
-                    f"the API refused a message: HTTP {response.status_code}: {response.text[:300]}"
-                )
-            ids.append(response.json()["id"])
+def post_paced(url: str, api_key: str, count: int, rate: float, tag: str, *, clients: int = 1) -> list[int]:
+    """POST `count` critical messages at `rate` per second in all from `clients` keep-alive clients
+    (open loop: message i starts at its slot i / rate, or at once if that client's previous answer
+    came late; client k takes the slots k, k + clients, …); return the ids."""
+    ids: list[int] = [0] * count
+    errors: list[str] = []
+    started = time.perf_counter()
+
+    def client(k: int) -> None:
+        with requests.Session() as session:
+            session.headers["Authorization"] = f"Bearer {api_key}"
+            for i in range(k, count, clients):
+                delay = started + i / rate - time.perf_counter()
+                if delay > 0:
+                    time.sleep(delay)
+                response = session.post(url, json=message_body(i, tag), timeout=30)
+                if response.status_code != 202:
+                    errors.append(f"HTTP {response.status_code}: {response.text[:300]}")
+                    return
+                ids[i] = response.json()["id"]
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise RuntimeError(f"the API refused a message: {errors[0]}")
     return ids
 
 
@@ -135,12 +147,20 @@ METRICS = [
     ("latency_max", "ms"),
     ("paced_p50", "ms"),
     ("paced_p99", "ms"),
+    ("storm_paced_rate", "msgs/s"),
+    ("storm_paced_p99", "ms"),
+    ("storm_reference_e2e_per_s", "msgs/s"),
+    ("storm_reference_p99", "ms"),
+    ("storm_reference_web_cpu_ms", "ms/msg"),
+    ("storm_reference_worker_cpu_ms", "ms/msg"),
+    ("worker_cpu_ms", "ms/msg"),
     ("worker_peak_rss", "MB"),
     ("batch_accept_per_s", "msgs/s"),
     ("batch_e2e_per_s", "msgs/s"),
 ]
 RATIOS = [("accept_ratio", "accept_alone_per_s", "reference_accept_per_s"),
-          ("batch_ratio", "batch_accept_per_s", "accept_alone_per_s")]  # fmt: skip
+          ("batch_ratio", "batch_accept_per_s", "accept_alone_per_s"),
+          ("storm_e2e_ratio", "e2e_per_s", "storm_reference_e2e_per_s")]  # fmt: skip
 
 
 def web_argv(port: int, workers: int, module: str = "emailhub.wsgi") -> list[str]:
@@ -201,8 +221,82 @@ def reference_phase(args: argparse.Namespace, api_key: str, number: int) -> dict
     }
 
 
+def storm_reference_phase(args: argparse.Namespace, api_key: str, number: int) -> dict[str, float]:
+    """The naive pipeline (bench/reference/storm.py) flooded like emailhub's phase 3: the same web
+    command, worker command (`-A` swapped), broker, sink and client."""
+    from bench.reference.storm import TIMES_KEY
+
+    broker = redis.Redis.from_url(REDIS_URL)
+    broker.flushdb()
+    sink = open_sink(args.sink)
+    stack = Stack(
+        env={"PYTHONPATH": str(ROOT), "CELERY_BROKER_URL": REDIS_URL, "SMTP_PORT": str(sink.port)},
+        log_dir=LOG_DIR,
+    )
+    count = args.warmup + args.messages
+    try:
+        sink.start()
+        port = free_port()
+        url = f"http://127.0.0.1:{port}/healthz"
+
+        def ready(_: Process) -> bool:
+            with urllib.request.urlopen(url, timeout=1) as response:
+                return bool(response.status == 200)
+
+        env = {"DJANGO_SETTINGS_MODULE": "bench.reference.storm_settings"}
+        web = stack.start(
+            "storm-reference-web",
+            web_argv(port, args.web_workers, "bench.reference.storm"),
+            ready=ready,
+            extra_env=env,
+        ).popen.pid
+        worker_argv = list(PROCESSES["worker-transactional"])
+        worker_argv[worker_argv.index("emailhub")] = "bench.reference.storm"
+        worker = stack.start(
+            "storm-reference-worker",
+            worker_argv,
+            ready=lambda p: "ready." in p.log(),
+            extra_env=env,
+            timeout=60,
+        ).popen.pid
+        api = f"http://127.0.0.1:{port}/api/v1/messages"
+        post_messages(api, api_key, args.warmup, args.concurrency, f"storm reference warm-up {number}")
+        _wait_for_list(broker, TIMES_KEY, args.warmup, args.timeout)
+        broker.delete(TIMES_KEY)
+        groups = {"web": web, "worker": worker}
+        cpu_before = {name: group_stats(pgid)[1] for name, pgid in groups.items()}
+        post_messages(api, api_key, args.messages, args.concurrency, f"storm reference {number}")
+        _wait_for_list(broker, TIMES_KEY, args.messages, args.timeout)
+        cpus = {name: group_stats(pgid)[1] - cpu_before[name] for name, pgid in groups.items()}
+        times = [tuple(map(float, item.split())) for item in broker.lrange(TIMES_KEY, 0, -1)]
+    finally:
+        stack.stop_all()
+        received = sink.stop()
+    if received != count:
+        raise RuntimeError(f"the storm reference's sink received {received} message(s), expected {count}")
+    latencies = sorted((sent - accepted) * 1000 for accepted, sent in times)
+    return {
+        "storm_reference_e2e_per_s": args.messages / (max(t[1] for t in times) - min(t[0] for t in times)),
+        "storm_reference_p99": percentile(latencies, 99),
+        "storm_reference_web_cpu_ms": cpus["web"] * 1000 / args.messages,
+        "storm_reference_worker_cpu_ms": cpus["worker"] * 1000 / args.messages,
+    }
+
+
+def _wait_for_list(client: redis.Redis, key: str, length: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while (have := int(client.llen(key))) < length:
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"the storm reference sent {have} of {length} in {timeout:.0f}s (see {LOG_DIR})"
+            )
+        time.sleep(0.05)
+
+
 def one_run(args: argparse.Namespace, env: dict[str, str], api_key: str, number: int) -> dict[str, Any]:
     result: dict[str, Any] = reference_phase(args, api_key, number)
+    if args.storm_reference:
+        result.update(storm_reference_phase(args, api_key, number))
     # Same starting point for every run: empty tables, empty broker, fresh processes.
     with connection.cursor() as cursor:
         cursor.execute("TRUNCATE delivery_message, core_outboxtask CASCADE")
@@ -270,6 +364,18 @@ def one_run(args: argparse.Namespace, env: dict[str, str], api_key: str, number:
             result.update({f"paced_p{p}": percentile(paced_ms, p) for p in (50, 99)})
             result["paced_max"] = paced_ms[-1]
 
+        # Phase 3c: paced at a share of the flood's end-to-end rate (the storm that the pipeline
+        # can sustain: its p99 must stay under a second), from several open-loop clients.
+        if args.storm_paced:
+            rate = args.storm_share * result["e2e_per_s"]
+            storm = post_paced(
+                url, api_key, args.storm_paced, rate, f"storm paced {number}", clients=args.concurrency
+            )
+            wait_until_sent(storm, args.timeout)
+            expected += len(storm)
+            storm_ms = latencies_ms(storm)
+            result.update({"storm_paced_rate": rate, "storm_paced_p99": percentile(storm_ms, 99)})
+
         # Phase 4: the batch endpoint, no worker for `normal` running; then the bulk worker sends.
         if args.batches:
             warm, _, _ = post_batches(url, api_key, 1, args.batch_size, 1, f"batch warm-up {number}")
@@ -327,6 +433,19 @@ def main() -> int:
     parser.add_argument(
         "--paced-rate", type=float, default=50.0, help="messages per second of the paced phase"
     )
+    parser.add_argument(
+        "--storm-reference",
+        type=int,
+        default=1,
+        choices=[0, 1],
+        help="flood the naive .delay() + send_mail pipeline too (storm_e2e_ratio; 0: skip)",
+    )
+    parser.add_argument(
+        "--storm-paced", type=int, default=1000, help="critical messages paced at --storm-share of the flood"
+    )
+    parser.add_argument(
+        "--storm-share", type=float, default=0.8, help="the storm-paced rate as a share of the flood's e2e"
+    )
     parser.add_argument("--batches", type=int, default=10, help="batch requests per run (0: no batch phase)")
     parser.add_argument("--batch-size", type=int, default=1000)
     parser.add_argument("--sink", choices=["postfix", "aiosmtpd"], default="postfix")
@@ -371,6 +490,18 @@ def main() -> int:
             print(
                 f"  paced at {args.paced_rate:.0f}/s: accept->SMTP 250 p50 {r['paced_p50']:.1f} "
                 f"p99 {r['paced_p99']:.1f} max {r['paced_max']:.1f} ms"
+            )
+        if "storm_reference_e2e_per_s" in r:
+            print(
+                f"  storm reference (.delay() + send_mail): end-to-end {r['storm_reference_e2e_per_s']:.0f} msgs/s, "
+                f"p99 {r['storm_reference_p99']:.1f} ms, CPU per message web "
+                f"{r['storm_reference_web_cpu_ms']:.2f} ms, worker {r['storm_reference_worker_cpu_ms']:.2f} ms; "
+                f"storm_e2e_ratio {r['e2e_per_s'] / r['storm_reference_e2e_per_s']:.2f}"
+            )
+        if "storm_paced_p99" in r:
+            print(
+                f"  paced at {r['storm_paced_rate']:.0f}/s ({args.storm_share:.0%} of the flood's end-to-end): "
+                f"p99 {r['storm_paced_p99']:.1f} ms"
             )
         if "batch_accept_per_s" in r:
             print(

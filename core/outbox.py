@@ -26,6 +26,9 @@ from django.db.models import Min
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
+from redis.exceptions import RedisError
+
+from core import redis_clients
 from core.models import OutboxTask
 from emailhub.celery import app as celery_app
 
@@ -35,13 +38,27 @@ Payload = dict[str, Any]
 
 
 @dataclass(frozen=True)
+class Doorbell:
+    """A task that announces work waiting, not one row's work: while one such task is on the broker
+    and not started, another would do nothing the first will not, so it is not published. The
+    first publisher sets `key` in Redis (SET NX, expiring after `seconds`); the task deletes it
+    when it starts, before it looks for the waiting work (send_tasks.answer). A task lost with
+    its key set costs at most `seconds` before the next publisher rings again."""
+
+    key: str
+    seconds: float
+
+
+@dataclass(frozen=True)
 class TaskKind:
-    """How an outbox row of one kind becomes a task: its name, arguments and queue."""
+    """How an outbox row of one kind becomes a task: its name, arguments and queue, and for a
+    payload that only announces waiting work, its doorbell."""
 
     task_name: str
     args: Callable[[Payload], list[Any]]
     queue: Callable[[Payload], str]
     kwargs: Callable[[Payload], dict[str, Any]] | None = None
+    doorbell: Callable[[Payload], Doorbell | None] | None = None
 
 
 _kinds: dict[str, TaskKind] = {}
@@ -54,6 +71,7 @@ def register_kind(
     args: Callable[[Payload], list[Any]],
     queue: Callable[[Payload], str],
     kwargs: Callable[[Payload], dict[str, Any]] | None = None,
+    doorbell: Callable[[Payload], Doorbell | None] | None = None,
 ) -> None:
     """Say how tasks of `kind` are published. Registering a kind again with the same task
     replaces it (AppConfig.ready may run twice in tests); another task for it is a mistake."""
@@ -62,7 +80,7 @@ def register_kind(
     known = _kinds.get(kind)
     if known is not None and known.task_name != task_name:
         raise ValueError(f"outbox task kind {kind!r} is already registered for {known.task_name}")
-    _kinds[kind] = TaskKind(task_name, args, queue, kwargs)
+    _kinds[kind] = TaskKind(task_name, args, queue, kwargs, doorbell)
 
 
 def registered_kinds() -> dict[str, str]:
@@ -174,13 +192,38 @@ def _publish_all(rows: list[tuple[int, str, Payload]], published: list[int]) -> 
 
 
 def _publish_after_commit(rows: list[tuple[int, str, Payload]]) -> None:
-    published: list[int] = []
+    published = _answered(rows)
+    rows = [row for row in rows if row[0] not in published]
     try:
         _publish_all(rows, published)
     except Exception as exc:  # noqa: BLE001 - the relay publishes what we could not
         logger.warning("publishing %d outbox task(s) failed (%s); the relay will retry", len(rows), exc)
     if published:
         _delete(published)
+
+
+def _answered(rows: list[tuple[int, str, Payload]]) -> list[int]:
+    """The ids of the rows whose doorbell is already ringing: a task published before them (and
+    not started yet) will find their work, so they are deleted unpublished. One pipelined round
+    trip for the lot. If Redis cannot say, every row is published: an extra task costs a claim
+    that finds nothing, a missing one would cost a message its send."""
+    bells = []
+    for row_id, kind, payload in rows:
+        spec = _kinds.get(kind)
+        bell = spec.doorbell(payload) if spec is not None and spec.doorbell is not None else None
+        if bell is not None:
+            bells.append((row_id, bell))
+    if not bells:
+        return []
+    try:
+        with redis_clients.send_path().pipeline(transaction=False) as pipe:
+            for _, bell in bells:
+                pipe.set(bell.key, 1, nx=True, px=int(bell.seconds * 1000))
+            rung = pipe.execute()
+    except RedisError as exc:
+        logger.warning("doorbells unreadable (%s): publishing every task", exc)
+        return []
+    return [row_id for (row_id, _), first in zip(bells, rung, strict=True) if not first]
 
 
 # The DELETE commits with synchronous_commit off (set_config(…, true): for its own transaction

@@ -231,9 +231,11 @@ def guarded_call(name: str, func: Callable[[], T]) -> T:
     ProviderUnavailable from `func` propagates (after being counted).
     """
     breaker = breaker_for(name)
-    state = breaker.current_state
+    with breaker._lock:
+        started_in = breaker.state  # one Redis read, also the state call_replayed replays through
+    state = started_in.name
     if state == pybreaker.STATE_CLOSED:
-        return call_replayed(breaker, func)
+        return call_replayed(breaker, func, started_in=started_in)
     if state == pybreaker.STATE_OPEN and not _probe_due(breaker):
         wait = _seconds_until_probe(breaker)
         raise CircuitOpen(f"circuit open, next probe in {wait:.0f} s", wait)
@@ -256,11 +258,17 @@ def guarded_call(name: str, func: Callable[[], T]) -> T:
             pass
 
 
-def call_replayed(breaker: pybreaker.CircuitBreaker, func: Callable[[], T]) -> T:
+def call_replayed(
+    breaker: pybreaker.CircuitBreaker,
+    func: Callable[[], T],
+    *,
+    started_in: pybreaker.CircuitBreakerState | None = None,
+) -> T:
     """Call `func` and count its outcome on `breaker` (a throttled provider counts neither way).
 
     `guarded_call` is what senders use; this is the step under it, public so a test can drive
-    two breakers (two processes sharing one Redis state) through a race.
+    two breakers (two processes sharing one Redis state) through a race. `started_in`: the
+    breaker's state as the caller just read it (closed), saving the read here.
     """
     # The provider is called first and its outcome then replayed through the breaker, so that a
     # ProviderThrottled can bypass it: pybreaker treats any exception it does not count as a
@@ -268,8 +276,10 @@ def call_replayed(breaker: pybreaker.CircuitBreaker, func: Callable[[], T]) -> T
     # that says "slow down" has shown neither that it is healthy nor that it is down. The
     # outcome is replayed through the state the call started in, as `breaker.call` would have
     # judged it: a call already in flight when another process opened the circuit still counts.
-    with breaker._lock:
-        state = breaker.state
+    state = started_in
+    if state is None:
+        with breaker._lock:
+            state = breaker.state
     if state.name == pybreaker.STATE_OPEN and not _probe_due(breaker):
         # Another process opened the circuit after the caller looked: the provider is not called
         # (pybreaker would refuse the outcome uncounted, after the provider had been called).

@@ -151,6 +151,14 @@ class Message(models.Model):
                 name="message_due_idx",
                 condition=models.Q(status__in=["scheduled", "retry_wait"]),
             ),
+            # The transactional pool's adaptive claim (transitions.claim_pool): the oldest queued
+            # API messages of each pooled priority. Partial: campaign rows and the bulk priorities
+            # never enter it, and a row leaves it when it is claimed.
+            models.Index(
+                fields=["priority", "id"],
+                name="message_pool_queued_idx",
+                condition=models.Q(status="queued", campaign__isnull=True, priority__in=["critical", "high"]),
+            ),
             # The reaper: rows whose worker died while sending.
             models.Index(
                 fields=["claimed_at"],

@@ -7,20 +7,24 @@ import logging
 from celery import shared_task
 from celery.signals import worker_init, worker_process_init, worker_process_shutdown
 
+import fastpaths
 from core import outbox
 from core.outages import TASK_RETRY
 from delivery.breakers import reset_process_state
 from delivery.providers import check_provider_settings, close_all
 from delivery.services import probes, sweeps, tracking
 from delivery.services.sending import send_messages as send_messages_service
+from fastpaths import db_health
 
 logger = logging.getLogger(__name__)
 
 
 # Retried within seconds when PostgreSQL or the broker is briefly unreachable (core/outages.py).
 @shared_task(name="delivery.send_messages", acks_late=True, **TASK_RETRY)
-def send_messages(message_ids: list[int]) -> dict[str, int]:
-    report = send_messages_service(message_ids)
+def send_messages(message_ids: list[int], priority: str | None = None, wake: bool = False) -> dict[str, int]:
+    # `priority` and `wake` come with tasks published since the adaptive claim (send_tasks);
+    # a task from before it names its ids only, and is sent as before.
+    report = send_messages_service(message_ids, priority=priority, wake=wake)
     return vars(report)
 
 
@@ -47,6 +51,11 @@ def _check_providers(**_: object) -> None:
     # fail; the error names the setting to fix.
     check_provider_settings()
     close_all()
+    # The connection check at most once a second (fastpaths/db_health.py): connected here, in
+    # the main process before the pool forks, so it runs after emailhub.celery's task_prerun
+    # receiver (connected at import), which re-arms the check before every task.
+    if fastpaths.enabled("db_health"):
+        db_health.install_worker()
 
 
 @worker_process_init.connect

@@ -438,6 +438,19 @@ EMAILHUB_BATCH_SIZES = {
     "low": env_int("EMAILHUB_BATCH_SIZE_LOW", 500, minimum=1),
 }
 
+# The adaptive claim of the transactional pool (docs/architecture.md "Adaptive claims"): a task of
+# the critical or high queue claims the pool's oldest waiting API messages, every critical one
+# before any high one, up to this many (one when one waits: the paced latency does not move), and
+# while such a task waits unstarted on the broker, accepted messages publish none of their own
+# (their doorbell is ringing). 1: one message per task, as the source design's batch_size 1.
+EMAILHUB_TRANSACTIONAL_CLAIM_LIMIT = env_int("EMAILHUB_TRANSACTIONAL_CLAIM_LIMIT", 20, minimum=1)
+# How long a rung doorbell stands in for tasks if its own task is lost (a broker flushed or a
+# worker killed holding it unstarted): the delay, at most, before the next accepted message
+# publishes again; the queue probes (delivery/services/probes.py) find what none claims.
+EMAILHUB_TRANSACTIONAL_DOORBELL_SECONDS = env_float(
+    "EMAILHUB_TRANSACTIONAL_DOORBELL_SECONDS", 2.0, minimum=0.05
+)
+
 # List members per fan-out transaction. Large enough that per-statement overhead vanishes,
 # small enough that a step holds the campaign row for well under a second.
 EMAILHUB_FANOUT_STEP = env_int("EMAILHUB_FANOUT_STEP", 20_000, minimum=1)

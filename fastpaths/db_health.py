@@ -1,15 +1,19 @@
-"""The web process checks a persistent database connection at most once a second, not per request.
+"""A persistent database connection is checked at most once a second, not per request or task.
 
 With CONN_HEALTH_CHECKS Django runs `SELECT 1` before the first query of every request: one of
-the accept path's round trips (7% of POST /api/v1/messages in issue 13's profile). Here a
-connection that passed a check less than `INTERVAL` seconds ago skips it. What that risks: a
-connection the server dropped within that second fails one request (a JSON 500, nothing
-accepted); Django then closes it at the request's end (errors_occurred) and the next request
-connects afresh. Workers keep Django's check before every task. Installed by emailhub/wsgi.py.
+the accept path's round trips (7% of POST /api/v1/messages in issue 13's profile), and, since the
+workers re-arm it before every task as Django does before every request (emailhub/celery.py),
+one of a send task's (a fifth of its PostgreSQL round trips, issue 20). Here a connection that
+passed a check less than `INTERVAL` seconds ago skips it. What that risks: a connection the
+server dropped within that second fails one request (a JSON 503, nothing accepted) or one task
+(retried within seconds: core/outages.py TASK_RETRY, a claim that failed claimed nothing);
+Django then closes it (errors_occurred) and the next request or task connects afresh.
+Installed by emailhub/wsgi.py (web) and emailhub/celery.py (workers, `install_worker`).
 
-Replaces: Django's CONN_HEALTH_CHECKS before each request's first query (it sets the connection's
-undocumented `health_check_done` flag). Gain: one round trip of POST /api/v1/messages' 3-4
-(docs/performance.md "The accept path"). Pinned by tests/test_db_health.py. Off switch: leave
+Replaces: Django's CONN_HEALTH_CHECKS before each request's and task's first query (it sets the
+connection's undocumented `health_check_done` flag). Gain: one round trip of POST
+/api/v1/messages' 3-4 (docs/performance.md "The accept path") and of a send task's 5 (issue 20).
+Pinned by tests/test_db_health.py. Off switch: leave
 `db_health` out of EMAILHUB_FAST_PATHS (emailhub/wsgi.py then does not install it).
 """
 
@@ -18,6 +22,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from celery.signals import task_prerun
 from django.core.signals import request_started
 from django.db import connections
 
@@ -39,3 +44,9 @@ def _skip_recent_check(**_: Any) -> None:
 
 def install() -> None:
     request_started.connect(_skip_recent_check, dispatch_uid="fastpaths.db_health")
+
+
+def install_worker() -> None:
+    """The same before every Celery task, after emailhub.celery's close_old_connections (which
+    re-arms the check): task_prerun's receivers run in the order they were connected."""
+    task_prerun.connect(_skip_recent_check, dispatch_uid="fastpaths.db_health.worker", weak=False)

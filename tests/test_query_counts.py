@@ -132,9 +132,9 @@ def test_a_claim_is_one_update_for_1_or_50_messages() -> None:
 
 SEND_TRANSACTIONAL = [
     "UPDATE delivery_message",  # the claim
-    "BEGIN",
-    "UPDATE delivery_message",  # record_outcomes: the sent rows, one UPDATE … FROM unnest(…)
-    "COMMIT",
+    # record_outcomes: the sent rows, one UPDATE … FROM unnest(…), its own transaction (no
+    # campaign counters to move with it: recording.record's `alone`)
+    "UPDATE delivery_message",
 ]
 
 SEND_CAMPAIGN = [
@@ -165,14 +165,28 @@ def sent(ids: list[int]) -> Callable[[], None]:
 
 @pytest.mark.usefixtures("locmem_providers")
 def test_recording_a_batch_takes_the_same_statements_for_1_or_40_messages() -> None:
-    """send_messages over the locmem provider, transactional messages: 4 statements for 1 or 40.
-    The claim, then BEGIN, one UPDATE of the sent rows (FROM unnest), COMMIT (SEND_TRANSACTIONAL)."""
+    """send_messages over the locmem provider, transactional messages: 2 statements for 1 or 40.
+    The claim, then one UPDATE of the sent rows (FROM unnest) (SEND_TRANSACTIONAL)."""
 
     def sending(size: int) -> list[str]:
         return statements(sent([message.pk for message in factories.messages(size, prefix=f"s{size}-")]))
 
     assert sending(1) == sending(40) == SEND_TRANSACTIONAL
     assert len(locmem.outbox) == 41
+
+
+@pytest.mark.usefixtures("locmem_providers")
+def test_a_pool_claim_takes_the_same_statements_for_1_or_20_waiting_messages(settings) -> None:  # noqa: ANN001
+    """A critical task's adaptive claim (transitions.claim_pool): one statement claims what waits,
+    one records it, however many it took (below the limit: a full claim also asks for the next)."""
+    settings.EMAILHUB_TRANSACTIONAL_CLAIM_LIMIT = 50
+
+    def sending(size: int) -> list[str]:
+        ids = [m.pk for m in factories.messages(size, prefix=f"p{size}-", priority="critical")]
+        return statements(lambda: send_messages(ids[:1], priority="critical"))
+
+    assert sending(1) == sending(20) == SEND_TRANSACTIONAL
+    assert len(locmem.outbox) == 21
 
 
 @pytest.mark.usefixtures("locmem_providers")

@@ -179,7 +179,7 @@ def accept_batch(items: list[BatchItem], *, api_key: ApiKey | None, partial: boo
         accepted.conflicts.sort()
         if accepted.conflicts and not partial:
             raise BatchConflict(accepted.conflicts)  # rolls the batch back: nothing was accepted
-        send_tasks.record_sends_by_priority(fresh)
+        send_tasks.record_sends_by_priority(fresh, accepted=True)
         index_after_commit(scheduled)
     return accepted
 

@@ -27,7 +27,8 @@ from delivery.services.compose import compose
 from delivery.services.gateway import BULK, TRANSACTIONAL, send_via
 from delivery.services.lease import CLOCK, ClaimLease
 from delivery.services.recording import record
-from delivery.services.transitions import ClaimedMessage, Outcomes, claim
+from delivery.services import send_tasks
+from delivery.services.transitions import ClaimedMessage, Outcomes, claim, claim_pool
 
 logger = logging.getLogger(__name__)
 
@@ -53,13 +54,25 @@ class BatchReport:
     abandoned: int = 0
 
 
-def send_messages(message_ids: Sequence[int], *, clock: Callable[[], float] = CLOCK) -> BatchReport:
+def send_messages(
+    message_ids: Sequence[int],
+    *,
+    priority: str | None = None,
+    wake: bool = False,
+    clock: Callable[[], float] = CLOCK,
+) -> BatchReport:
     """Send the given messages that are still `queued` (and whose campaign, if any, is sending):
     claim → compose → deliver over the provider chain → record.
 
+    A task of the transactional pool (`priority` critical or high) claims from the pool instead
+    (`_claim_pooled`): the oldest waiting messages, its own among them, several under a backlog;
+    `wake`: the task is a doorbell (send_tasks), its ids all API messages the pool scans find.
     `clock` is the lease's (delivery.services.lease.CLOCK; tests pass their own)."""
     asked_at = clock()  # before the claim is sent: the lease is never overestimated
-    claimed = claim(message_ids)
+    if priority in send_tasks.POOLED and (wake or send_tasks.pooling()):
+        claimed = _claim_pooled(message_ids, priority, wake=wake)
+    else:
+        claimed = claim(message_ids)
     if not claimed:
         return BatchReport()
     lease = ClaimLease(
@@ -74,7 +87,7 @@ def send_messages(message_ids: Sequence[int], *, clock: Callable[[], float] = CL
     delivery = _Delivery(outcomes, lease, pool_for(sendable[0].priority) if sendable else BULK)
     delivery.settle(delivery.over_chain(emails), {m.id: m for m in sendable})
     if lease.token is not None:
-        record(outcomes, lease.token)
+        record(outcomes, lease.token, campaign_rows=any(m.campaign_id is not None for m in claimed))
     return BatchReport(
         claimed=len(claimed),
         sent=sum(len(sent) for sent in outcomes.sent.values()),
@@ -83,6 +96,24 @@ def send_messages(message_ids: Sequence[int], *, clock: Callable[[], float] = CL
         retrying=len(outcomes.retry) + len(outcomes.deferred),
         abandoned=len(lease.lost),
     )
+
+
+def _claim_pooled(message_ids: Sequence[int], priority: str, *, wake: bool) -> list[ClaimedMessage]:
+    """The adaptive claim: up to EMAILHUB_TRANSACTIONAL_CLAIM_LIMIT of the pool's oldest waiting
+    messages (one when one waits). A full claim leaves work behind: it asks for the next claim
+    before this one is sent, so the pool's other processes take it meanwhile; a task that is not
+    a doorbell hands the ids of its own it did not take (a campaign's, which no pool scan finds)
+    to a task of their own."""
+    limit = max(settings.EMAILHUB_TRANSACTIONAL_CLAIM_LIMIT, 1)
+    send_tasks.answer()
+    claimed = claim_pool(message_ids, priority, limit)
+    if len(claimed) >= limit:
+        taken = {m.id for m in claimed}
+        send_tasks.ring(priority)
+        left = [i for i in message_ids if i not in taken]
+        if left and not wake:
+            send_tasks.record_send(left, priority)
+    return claimed
 
 
 class _Delivery:

@@ -28,7 +28,7 @@ from typing import Any
 from django.db import IntegrityError, connection, transaction
 from django.db.backends.utils import CursorWrapper
 
-from campaigns.models import Campaign
+from campaigns.models import Campaign, Priority
 from campaigns.selectors import (
     AUDIENCE_STEP_CTES,
     WindowPlan,
@@ -49,6 +49,7 @@ logger = logging.getLogger(__name__)
 # parameters: PostgreSQL receives the same statements as when they were written out by hand.
 MSG = literals(MessageStatus)
 CAMPAIGN = literals(Campaign.Status)
+PRIORITY = literals(Priority)
 
 # --- accept -------------------------------------------------------------------------------------
 
@@ -360,16 +361,47 @@ MARKETING_SQL = "(m.campaign_id IS NOT NULL OR m.list_unsubscribe)"
 # this claim older than the lease, so the next claim's time is later (on any database clock that
 # does not step back by the lease). A column of its own would say the same at the cost of a
 # migration and a wider row on the hottest table.
+_CLAIM_RETURNING = f"""m.id, m.campaign_id, m.contact_id, m.template_id, m.to_email, m.from_email,
+          m.reply_to, m.subject, m.html, m.text, m.context, m.list_unsubscribe, m.track_opens,
+          m.track_clicks, m.priority, m.attempts,
+          {suppressed_sql("m.to_email", marketing=MARKETING_SQL)}, m.claimed_at"""
 _CLAIM_SQL = f"""
 UPDATE delivery_message AS m
    SET status = {MSG.SENDING}, attempts = attempts + 1, claimed_at = statement_timestamp()
  WHERE m.id = ANY(%s) AND m.status = {MSG.QUEUED}
    -- A campaign's messages go only while it is sending: pause and cancel take effect per batch.
    AND (m.campaign_id IS NULL OR {campaign_status_sql("m.campaign_id")} = {CAMPAIGN.SENDING})
-RETURNING m.id, m.campaign_id, m.contact_id, m.template_id, m.to_email, m.from_email, m.reply_to,
-          m.subject, m.html, m.text, m.context, m.list_unsubscribe, m.track_opens, m.track_clicks,
-          m.priority, m.attempts,
-          {suppressed_sql("m.to_email", marketing=MARKETING_SQL)}, m.claimed_at
+RETURNING {_CLAIM_RETURNING}
+"""
+
+# The pool claim (claim_pool): a transactional worker under backlog takes the oldest waiting API
+# messages of its pool, every critical one before any high one, plus the task's own ids that the
+# pool scans cannot see (a campaign's, say), at most `limit` in all. Each CTE locks as it scans
+# (FOR UPDATE SKIP LOCKED: a row another claim holds is passed over, not waited for), and
+# PostgreSQL evaluates a WITH query only as far as its reader fetches: each is read only when the
+# ones before it ran out before the limit. A task's own ids all have its priority (a batch never
+# mixes priorities), and are read right after the API messages of that priority. The scans are index scans of
+# message_pool_queued_idx, which holds only queued API messages of the transactional pool.
+_POOL_SCAN_SQL = f"""
+SELECT id FROM delivery_message
+ WHERE status = {MSG.QUEUED} AND campaign_id IS NULL AND priority = %s
+ ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED
+"""
+_CLAIM_POOL_SQL = f"""
+WITH critical AS ({_POOL_SCAN_SQL}), high AS ({_POOL_SCAN_SQL}), own AS (
+    SELECT id FROM delivery_message
+     WHERE id = ANY(%s) AND status = {MSG.QUEUED}
+       AND NOT (campaign_id IS NULL AND priority IN ({PRIORITY.CRITICAL}, {PRIORITY.HIGH}))
+     ORDER BY id FOR UPDATE SKIP LOCKED
+), picked AS (
+    (SELECT id FROM {{first}} UNION ALL SELECT id FROM {{second}} UNION ALL SELECT id FROM {{third}}) LIMIT %s
+)
+UPDATE delivery_message AS m
+   SET status = {MSG.SENDING}, attempts = attempts + 1, claimed_at = statement_timestamp()
+  FROM picked
+ WHERE m.id = picked.id AND m.status = {MSG.QUEUED}
+   AND (m.campaign_id IS NULL OR {campaign_status_sql("m.campaign_id")} = {CAMPAIGN.SENDING})
+RETURNING {_CLAIM_RETURNING}
 """
 
 _CLAIM_COLUMNS = (
@@ -415,6 +447,33 @@ def claim(message_ids: Sequence[int]) -> list[ClaimedMessage]:
     return claimed
 
 
+_CLAIM_POOL_ORDER = {
+    Priority.CRITICAL: _CLAIM_POOL_SQL.format(first="critical", second="own", third="high"),
+    Priority.HIGH: _CLAIM_POOL_SQL.format(first="critical", second="high", third="own"),
+}
+
+
+def claim_pool(own_ids: Sequence[int], priority: str, limit: int) -> list[ClaimedMessage]:
+    """`queued` → `sending` for up to `limit` messages of the transactional pool, as `claim` does,
+    oldest first and every critical one before any high one: the waiting critical API messages,
+    then the high ones, with the task's own `own_ids` of `priority` that the pool's scans do not
+    see (a campaign's) after the API messages of that priority. An API message of `own_ids` past
+    the limit stays queued: the caller, finding the claim full, asks for another claim."""
+    with connection.cursor() as db:
+        db.execute(
+            _CLAIM_POOL_ORDER[priority],
+            [Priority.CRITICAL, limit, Priority.HIGH, limit, list(own_ids), limit],
+        )
+        rows = db.fetchall()
+    claimed = [ClaimedMessage(**dict(zip(_CLAIM_COLUMNS, row, strict=True))) for row in rows]
+    for message in claimed:
+        if isinstance(message.context, str):
+            message.context = json.loads(message.context)
+    # The order the claim's scans took them in (UPDATE … RETURNING keeps none): sent in this order.
+    claimed.sort(key=lambda m: (m.priority != Priority.CRITICAL, m.campaign_id is not None, m.id))
+    return claimed
+
+
 def renew_claim(message_ids: Sequence[int], claimed_at: datetime) -> tuple[datetime | None, list[int]]:
     """`sending` → `sending` with a fresh `claimed_at`, for the rows of `message_ids` still held by
     the claim whose token is `claimed_at`: re-confirms the claim and restarts its lease, in one
@@ -447,6 +506,11 @@ class Outcomes:
     deferred: list[tuple[int, datetime, str]] = field(default_factory=list)
     # Addresses to put on the suppression list: (email, detail).
     bounced: list[tuple[str, str]] = field(default_factory=list)
+
+    def statements(self) -> int:
+        """How many statements record_outcomes runs for these (suppressions aside)."""
+        waiting = (self.failed, self.suppressed, self.retry, self.deferred)
+        return sum(1 for sent in self.sent.values() if sent) + sum(1 for rows in waiting if rows)
 
 
 # (campaign id, final status) → how many of its rows reached that status.
