@@ -25,7 +25,6 @@ from django.db import connection, transaction
 from django.db.models import Min
 from django.utils import timezone
 from django.utils.module_loading import import_string
-
 from redis.exceptions import RedisError
 
 from core import redis_clients

@@ -47,6 +47,13 @@ class TcpProxy:
             listener, self._listener = self._listener, None
             sockets, self._sockets = self._sockets, set()
         if listener is not None:
+            # shutdown() wakes the accept() blocked on it in _accept: a socket closed while a
+            # thread waits in accept() stays listening in the kernel (it would still accept, and
+            # restore() could not bind the port again).
+            try:
+                listener.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
             listener.close()
         for sock in sockets:
             # shutdown() first: it wakes the pump blocked in recv() on this socket, and only

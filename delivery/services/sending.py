@@ -23,11 +23,11 @@ from django.utils import timezone
 from campaigns.models import Priority
 from delivery.exceptions import ProviderSkipped, ProviderUnavailable
 from delivery.providers import Outcome, OutgoingEmail, SendResult
+from delivery.services import send_tasks
 from delivery.services.compose import compose
 from delivery.services.gateway import BULK, TRANSACTIONAL, send_via
 from delivery.services.lease import CLOCK, ClaimLease
 from delivery.services.recording import record
-from delivery.services import send_tasks
 from delivery.services.transitions import ClaimedMessage, Outcomes, claim, claim_pool
 
 logger = logging.getLogger(__name__)

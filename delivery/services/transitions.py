@@ -447,7 +447,7 @@ def claim(message_ids: Sequence[int]) -> list[ClaimedMessage]:
     return claimed
 
 
-_CLAIM_POOL_ORDER = {
+_CLAIM_POOL_ORDER: dict[str, str] = {
     Priority.CRITICAL: _CLAIM_POOL_SQL.format(first="critical", second="own", third="high"),
     Priority.HIGH: _CLAIM_POOL_SQL.format(first="critical", second="high", third="own"),
 }
