@@ -154,6 +154,8 @@ METRICS = [
     ("storm_reference_web_cpu_ms", "ms/msg"),
     ("storm_reference_worker_cpu_ms", "ms/msg"),
     ("worker_cpu_ms", "ms/msg"),
+    ("paced_worker_cpu_ms", "ms/msg"),
+    ("messages_per_task", "msgs/task"),
     ("worker_peak_rss", "MB"),
     ("batch_accept_per_s", "msgs/s"),
     ("batch_e2e_per_s", "msgs/s"),
@@ -184,6 +186,11 @@ def start_reference(stack: Stack, port: int, workers: int) -> Process:
         ready=ready,
         extra_env={"DJANGO_SETTINGS_MODULE": "bench.reference.settings", "REFERENCE_DATABASE": REFERENCE_DB},
     )
+
+
+def send_tasks_done(stack: Stack, worker: str = "worker-transactional") -> int:
+    """How many send tasks the worker has finished so far (Celery logs one line each at INFO)."""
+    return stack.processes[worker].log().count("Task delivery.send_messages[")
 
 
 def measure(pgid: int, work: Callable[[], Any]) -> tuple[Any, float]:
@@ -325,8 +332,11 @@ def one_run(args: argparse.Namespace, env: dict[str, str], api_key: str, number:
         groups = {"web": web, "worker": worker}
         cpu_before = {name: group_stats(pgid)[1] for name, pgid in groups.items()}
         sessions_before = db_sessions()
+        tasks_before = send_tasks_done(stack)
         ids, elapsed, api_ms = post_messages(url, api_key, args.messages, args.concurrency, f"run {number}")
         wait_until_sent(ids, args.timeout)
+        time.sleep(0.2)  # the last task's log line comes just after its record
+        tasks = send_tasks_done(stack) - tasks_before
         cpus = {name: group_stats(pgid)[1] - cpu_before[name] for name, pgid in groups.items()}
         sessions = db_sessions() - sessions_before
         rss_kb, _ = group_stats(worker)
@@ -351,14 +361,17 @@ def one_run(args: argparse.Namespace, env: dict[str, str], api_key: str, number:
                 "api_p99": percentile(api_ms, 99),
                 **{f"{name}_cpu_ms": seconds * 1000 / args.messages for name, seconds in cpus.items()},
                 "db_sessions": sessions,
+                "messages_per_task": args.messages / max(tasks, 1),
             }
         )
 
         # Phase 3b: critical messages at a steady rate below capacity (the SLA's case: latency
         # without the backlog a closed-loop flood builds, which grows with the accept rate).
         if args.paced:
+            worker_cpu = group_stats(worker)[1]
             paced = post_paced(url, api_key, args.paced, args.paced_rate, f"paced {number}")
             wait_until_sent(paced, args.timeout)
+            result["paced_worker_cpu_ms"] = (group_stats(worker)[1] - worker_cpu) * 1000 / args.paced
             expected += len(paced)
             paced_ms = latencies_ms(paced)
             result.update({f"paced_p{p}": percentile(paced_ms, p) for p in (50, 99)})
@@ -484,12 +497,13 @@ def main() -> int:
             f"p99 {r['latency_p99']:.1f} max {r['latency_max']:.1f} ms; "
             f"API round trip p50 {r['api_p50']:.1f} p99 {r['api_p99']:.1f} ms\n"
             f"  CPU per message: web {r['web_cpu_ms']:.2f} ms, worker {r['worker_cpu_ms']:.2f} ms; "
-            f"PostgreSQL sessions opened: {r['db_sessions']}; worker peak RSS {r['worker_peak_rss']:.0f} MB"
+            f"PostgreSQL sessions opened: {r['db_sessions']}; worker peak RSS {r['worker_peak_rss']:.0f} MB; "
+            f"{r['messages_per_task']:.1f} messages per send task"
         )
         if "paced_p99" in r:
             print(
                 f"  paced at {args.paced_rate:.0f}/s: accept->SMTP 250 p50 {r['paced_p50']:.1f} "
-                f"p99 {r['paced_p99']:.1f} max {r['paced_max']:.1f} ms"
+                f"p99 {r['paced_p99']:.1f} max {r['paced_max']:.1f} ms; worker CPU {r['paced_worker_cpu_ms']:.2f} ms/msg"
             )
         if "storm_reference_e2e_per_s" in r:
             print(
@@ -516,7 +530,9 @@ def main() -> int:
     )
     for key, unit in METRICS:
         if key in runs[0]:
-            print(f"transactional_{key}: {median(r[key] for r in runs):.{2 if 'cpu' in key else 0}f} {unit}")
+            print(
+                f"transactional_{key}: {median(r[key] for r in runs):.{2 if 'cpu' in key or 'per_task' in key else 0}f} {unit}"
+            )
     for name, numerator, denominator in RATIOS:
         if numerator in runs[0]:
             print(f"{name}: {median(r[numerator] / r[denominator] for r in runs):.2f}")

@@ -39,13 +39,30 @@ Payload = dict[str, Any]
 @dataclass(frozen=True)
 class Doorbell:
     """A task that announces work waiting, not one row's work: while one such task is on the broker
-    and not started, another would do nothing the first will not, so it is not published. The
-    first publisher sets `key` in Redis (SET NX, expiring after `seconds`); the task deletes it
-    when it starts, before it looks for the waiting work (send_tasks.answer). A task lost with
-    its key set costs at most `seconds` before the next publisher rings again."""
+    or running, another would do nothing the first will not, so it is not published. The first
+    publisher sets `key` in Redis (expiring after `seconds`); a later one, finding it set, pushes
+    a wake-up onto `key:wake` instead, which a running task may wait on for more work. The task
+    deletes both when it has found nothing more, then looks once more (delivery's send_tasks
+    `answer`). A task lost with its key set costs at most `seconds` before the next publisher
+    rings again."""
 
     key: str
     seconds: float
+
+    @property
+    def wake_key(self) -> str:
+        return f"{self.key}:wake"
+
+
+# One round trip per doorbell: set it (the caller publishes its task), or, already set, push one
+# wake-up (at most one is kept: it only says "claim again").
+_RING = """
+if redis.call('SET', KEYS[1], 1, 'NX', 'PX', ARGV[1]) then return 1 end
+redis.call('LPUSH', KEYS[2], 1)
+redis.call('LTRIM', KEYS[2], 0, 0)
+redis.call('PEXPIRE', KEYS[2], ARGV[1])
+return 0
+"""
 
 
 @dataclass(frozen=True)
@@ -202,27 +219,33 @@ def _publish_after_commit(rows: list[tuple[int, str, Payload]]) -> None:
 
 
 def _answered(rows: list[tuple[int, str, Payload]]) -> list[int]:
-    """The ids of the rows whose doorbell is already ringing: a task published before them (and
-    not started yet) will find their work, so they are deleted unpublished. One pipelined round
-    trip for the lot. If Redis cannot say, every row is published: an extra task costs a claim
-    that finds nothing, a missing one would cost a message its send."""
-    bells = []
+    """The ids of the rows whose doorbell is already ringing: a task published before them, still
+    on the broker or running, will find their work, so they are deleted unpublished. Rows of one
+    doorbell ring it once (the first is published if it was not set). One pipelined round trip for
+    the lot. If Redis cannot say, every row is published: an extra task costs a claim that finds
+    nothing, a missing one would cost a message its send."""
+    by_bell: dict[Doorbell, list[int]] = {}
     for row_id, kind, payload in rows:
         spec = _kinds.get(kind)
         bell = spec.doorbell(payload) if spec is not None and spec.doorbell is not None else None
         if bell is not None:
-            bells.append((row_id, bell))
-    if not bells:
+            by_bell.setdefault(bell, []).append(row_id)
+    if not by_bell:
         return []
     try:
-        with redis_clients.send_path().pipeline(transaction=False) as pipe:
-            for _, bell in bells:
-                pipe.set(bell.key, 1, nx=True, px=int(bell.seconds * 1000))
+        client = redis_clients.send_path()
+        ring = client.register_script(_RING)
+        with client.pipeline(transaction=False) as pipe:
+            for bell in by_bell:
+                ring(keys=[bell.key, bell.wake_key], args=[int(bell.seconds * 1000)], client=pipe)
             rung = pipe.execute()
     except RedisError as exc:
         logger.warning("doorbells unreadable (%s): publishing every task", exc)
         return []
-    return [row_id for (row_id, _), first in zip(bells, rung, strict=True) if not first]
+    answered = []
+    for (_, row_ids), first in zip(by_bell.items(), rung, strict=True):
+        answered += row_ids[1:] if first else row_ids
+    return answered
 
 
 # The DELETE commits with synchronous_commit off (set_config(…, true): for its own transaction

@@ -440,10 +440,17 @@ EMAILHUB_BATCH_SIZES = {
 
 # The adaptive claim of the transactional pool (docs/architecture.md "Adaptive claims"): a task of
 # the critical or high queue claims the pool's oldest waiting API messages, every critical one
-# before any high one, up to this many (one when one waits: the paced latency does not move), and
-# while such a task waits unstarted on the broker, accepted messages publish none of their own
-# (their doorbell is ringing). 1: one message per task, as the source design's batch_size 1.
+# before any high one, up to this many per claim (one when one waits: the paced latency does not
+# move), and claims again until none waits; while such a task waits on the broker or runs,
+# accepted messages publish no task of their own (their doorbell is ringing). 1: one message
+# per task, as the source design's batch_size 1.
 EMAILHUB_TRANSACTIONAL_CLAIM_LIMIT = env_int("EMAILHUB_TRANSACTIONAL_CLAIM_LIMIT", 20, minimum=1)
+# A pooled task that has claimed and sent this long hands what is left to a new task and ends
+# (Celery's other queues get their turn; no task nears the broker's visibility timeout).
+EMAILHUB_TRANSACTIONAL_TASK_SECONDS = env_float("EMAILHUB_TRANSACTIONAL_TASK_SECONDS", 1.0, minimum=0.0)
+# How long a pooled task that found nothing waiting waits for a message to be accepted before it
+# ends: a storm's messages are then claimed by a running task, without a Celery task each.
+EMAILHUB_TRANSACTIONAL_LINGER_SECONDS = env_float("EMAILHUB_TRANSACTIONAL_LINGER_SECONDS", 0.05, minimum=0.0)
 # How long a rung doorbell stands in for tasks if its own task is lost (a broker flushed or a
 # worker killed holding it unstarted): the delay, at most, before the next accepted message
 # publishes again; the queue probes (delivery/services/probes.py) find what none claims.

@@ -24,6 +24,7 @@ from delivery.services import send_tasks, transitions
 from delivery.services.sending import send_messages
 from delivery.testing.smtp_server import SMTPTestServer
 from tests import factories
+from tests.conftest import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -143,17 +144,45 @@ def test_each_message_of_a_pool_claim_gets_its_own_transaction_and_outcome(smtp:
     ]
 
 
-def test_a_full_claim_asks_for_the_next_one(smtp: SMTPTestServer, redis) -> None:  # noqa: ANN001
+def test_a_task_claims_until_none_waits_and_each_full_claim_calls_for_help(
+    smtp: SMTPTestServer,
+    redis,  # noqa: ANN001
+) -> None:
     ids = waiting(12, "critical", "chain")
-    assert send_messages(ids[:1], priority="critical").claimed == 5
-    [task] = queued_tasks(redis, "critical")
-    assert task["kwargs"] == {"priority": "critical", "wake": True} and task["args"] == [[]]
-    assert send_messages([], priority="critical", wake=True).claimed == 5  # answered it: rings again
-    assert len(queued_tasks(redis, "critical")) == 2
-    assert send_messages([], priority="critical", wake=True).claimed == 2  # not full: no next one
-    assert len(queued_tasks(redis, "critical")) == 2
+    report = send_messages(ids[:1], priority="critical", wake=True)
+    assert (report.claimed, report.sent) == (12, 12)  # claims of 5, 5, 2, then none (twice)
     assert Message.objects.filter(pk__in=ids, status=MessageStatus.SENT).count() == 12
+    # The two full claims each published a task for another process to help; they find nothing.
+    tasks = queued_tasks(redis, "critical")
+    assert tasks == [{"args": [[]], "kwargs": {"priority": "critical", "wake": True}}] * 2
+    assert send_messages([], priority="critical", wake=True).claimed == 0
     assert not OutboxTask.objects.exists()
+
+
+def test_a_task_whose_time_is_up_hands_the_rest_to_a_new_one(smtp: SMTPTestServer, redis, settings) -> None:  # noqa: ANN001
+    settings.EMAILHUB_TRANSACTIONAL_TASK_SECONDS = 0.0
+    ids = waiting(7, "critical", "later")
+    assert send_messages(ids[:1], priority="critical", wake=True).claimed == 5  # one claim, then time
+    [task] = queued_tasks(redis, "critical")
+    assert task["kwargs"]["wake"] is True
+    assert Message.objects.filter(pk__in=ids, status=MessageStatus.QUEUED).count() == 2
+
+
+def test_the_last_claim_comes_after_the_doorbell_is_unset(smtp: SMTPTestServer, redis, monkeypatch) -> None:  # noqa: ANN001
+    """A message committed while the task ran, whose publisher found the doorbell set and so
+    published nothing, is claimed by the claim after `answer`."""
+    [first] = waiting(1, "critical", "first")
+    answer = send_tasks.answer
+
+    def a_message_arrives_then_answer(token: str) -> None:
+        waiting(1, "critical", "meanwhile")
+        assert not redis.set(send_tasks.DOORBELL_KEY, 1, nx=True)  # its publisher finds it ringing
+        answer(token)
+
+    redis.set(send_tasks.DOORBELL_KEY, 1)
+    monkeypatch.setattr(send_tasks, "answer", a_message_arrives_then_answer)
+    report = send_messages([first], priority="critical", wake=True)
+    assert report.sent == 2 and not redis.exists(send_tasks.DOORBELL_KEY)
 
 
 def test_accepted_messages_publish_one_task_while_the_doorbell_rings(api, redis) -> None:  # noqa: ANN001
@@ -161,11 +190,35 @@ def test_accepted_messages_publish_one_task_while_the_doorbell_rings(api, redis)
     for _ in range(3):
         assert api.post("/api/v1/messages", body, format="json").status_code == 202
     assert len(queued_tasks(redis, "critical")) == 1  # the first rang; no worker has answered
-    send_tasks.answer()  # a worker starts the task
+    assert send_tasks.linger(0.01, "task-1")  # a task runs: the other two pushed a wake-up
+    assert not send_tasks.linger(0.01, "task-1")  # and only one is kept
+    send_tasks.answer("task-1")  # it found nothing more
     assert api.post("/api/v1/messages", body, format="json").status_code == 202
     tasks = queued_tasks(redis, "critical")
     assert len(tasks) == 2 and all(t["kwargs"]["wake"] for t in tasks)
     assert not OutboxTask.objects.exists()  # the answered rows are deleted with the published
+
+
+def test_a_message_accepted_while_a_task_lingers_wakes_it(api, redis) -> None:  # noqa: ANN001
+    body = {"to": "ann@example.com", "subject": "Code", "text": "123456", "priority": "critical"}
+    woken: list[bool] = []
+    thread = threading.Thread(target=lambda: woken.append(send_tasks.linger(10.0, "lingering")))
+    thread.start()
+    # Once the lingering task's SET is in, the accepted message finds the doorbell set: it pushes a
+    # wake-up and publishes no task.
+    wait_until(lambda: redis.get(send_tasks.DOORBELL_KEY) == b"lingering", 5, "the task to linger")
+    assert api.post("/api/v1/messages", body, format="json").status_code == 202
+    thread.join(5)
+    assert woken == [True] and queued_tasks(redis, "critical") == []
+
+
+def test_only_the_task_that_set_the_doorbell_last_unsets_it(redis) -> None:  # noqa: ANN001
+    assert not send_tasks.linger(0.01, "first")
+    assert not send_tasks.linger(0.01, "second")  # another task lingers on it since
+    send_tasks.answer("first")
+    assert redis.get(send_tasks.DOORBELL_KEY) == b"second"
+    send_tasks.answer("second")
+    assert not redis.exists(send_tasks.DOORBELL_KEY)
 
 
 def test_a_batch_of_critical_messages_rings_once(api, redis) -> None:  # noqa: ANN001

@@ -3,16 +3,17 @@
 Registered with core.outbox from DeliveryConfig.ready; every app that moves messages to
 `queued` records their tasks through these functions, in the transaction that moved them.
 
-The transactional pool's doorbell (docs/architecture.md "Adaptive claims"). A task that sends an
-API message of the transactional pool (critical, high) claims the oldest waiting messages of the
-pool, up to EMAILHUB_TRANSACTIONAL_CLAIM_LIMIT, not just its own (transitions.claim_pool). So
-while one such task waits on the broker unstarted, the next accepted message needs none of its
-own: the task published for it is a doorbell (`wake` in its payload), and core.outbox publishes
-it only if the pool's doorbell key was not already set. The worker deletes the key when the task
-starts, before its claim (`answer`), so a message committed before the key was found set is
-committed before that claim: it is claimed by it, or, when the claim is full, by the next one,
-which the full claim asks for (`ring`). Under a backlog this turns one task per message into one
-per claim; a message alone still gets its task at once.
+The transactional pool's doorbell (docs/architecture.md "Adaptive claims"). A task of the
+transactional pool (critical, high) claims the oldest waiting API messages of the pool, up to
+EMAILHUB_TRANSACTIONAL_CLAIM_LIMIT, sends them, and claims again until none waits; then it
+lingers a moment for more (delivery.services.sending `_send_pooled`). So while such a task
+waits on the broker or runs, the next accepted message needs no task of its own: the task
+recorded for it carries `bell`, and core.outbox publishes it only if the pool's doorbell key was
+not set (a publisher that finds it set pushes a wake-up instead, which ends a linger at once).
+A task that finds nothing more unsets the key (`answer`) and claims once more: a message whose
+publisher found the key set was committed before that, so one of the task's claims takes it.
+Under a storm one task sends a stream of messages, a batch per claim, without a Celery task per
+message; a message alone is still claimed alone, at once.
 """
 
 from __future__ import annotations
@@ -44,10 +45,12 @@ def pooling() -> bool:
     return bool(settings.EMAILHUB_TRANSACTIONAL_CLAIM_LIMIT > 1)
 
 
-def _doorbell(payload: dict[str, Any]) -> outbox.Doorbell | None:
-    if not payload.get("wake"):
-        return None
+def _bell() -> outbox.Doorbell:
     return outbox.Doorbell(DOORBELL_KEY, settings.EMAILHUB_TRANSACTIONAL_DOORBELL_SECONDS)
+
+
+def _doorbell(payload: dict[str, Any]) -> outbox.Doorbell | None:
+    return _bell() if payload.get("bell") else None
 
 
 def _kwargs(payload: dict[str, Any]) -> dict[str, Any]:
@@ -88,7 +91,10 @@ def record_sends(
     wake = accepted and _wakes(priority)
     outbox.record_many(
         [
-            (SEND_MESSAGES, {"ids": message_ids[i : i + batch_size], "priority": priority, "wake": wake})
+            (
+                SEND_MESSAGES,
+                {"ids": message_ids[i : i + batch_size], "priority": priority, "wake": wake, "bell": wake},
+            )
             for i in range(0, len(message_ids), batch_size)
         ],
         publish_on=publish_on,
@@ -111,21 +117,47 @@ def insert_with_send(statement: str, params: Sequence[Any], priority: str) -> tu
         statement,
         params,
         SEND_MESSAGES,
-        "jsonb_build_object('ids', jsonb_build_array(inserted.id), 'priority', %s::text, 'wake', %s)",
-        [priority, _wakes(priority)],
+        "jsonb_build_object('ids', jsonb_build_array(inserted.id), 'priority', %s::text, 'wake', %s, 'bell', %s)",
+        [priority, _wakes(priority), _wakes(priority)],
     )
 
 
-def answer() -> None:
-    """A pooled task starts: unset the doorbell before claiming, so every message whose publisher
-    found it set is committed before this claim (a failure leaves it to expire)."""
+# Unset the doorbell, and drop its wake-ups, only if `ARGV[1]` set it last (see `answer`).
+_ANSWER = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1], KEYS[2]) end
+return 0
+"""
+
+
+def linger(seconds: float, token: str) -> bool:
+    """A pooled task found nothing waiting: set the doorbell to its own `token` (a publisher that
+    finds it set pushes a wake-up instead of publishing a task) and wait up to `seconds` for a
+    wake-up, in one round trip; True when one came (claim again). Redis trouble: False."""
+    bell = _bell()
     try:
-        redis_clients.send_path().delete(DOORBELL_KEY)
+        with redis_clients.send_path().pipeline(transaction=False) as pipe:
+            pipe.set(bell.key, token, px=int(bell.seconds * 1000))
+            pipe.blpop([bell.wake_key], timeout=seconds)
+            return pipe.execute()[1] is not None
+    except RedisError as exc:
+        logger.warning("could not wait on the transactional doorbell (%s)", exc)
+        return False
+
+
+def answer(token: str) -> None:
+    """A pooled task is done: unset the doorbell if it set it last (`token`), then claim once
+    more, so every message whose publisher found it set is committed before that claim. Set by
+    another task since, it is that task's to unset: it lingers on it now, and claims after it
+    unsets it. (A failure leaves it to expire.)"""
+    bell = _bell()
+    try:
+        redis_clients.send_path().eval(_ANSWER, 2, bell.key, bell.wake_key, token)
     except RedisError as exc:  # it expires within EMAILHUB_TRANSACTIONAL_DOORBELL_SECONDS
         logger.warning("could not unset the transactional doorbell (%s)", exc)
 
 
 def ring(priority: str) -> None:
-    """A full pool claim: more may be waiting. A doorbell task for the next claim (published
-    unless one is already waiting), recorded in the outbox like any other."""
+    """Another pooled task, for the next claim (a full claim's call for help, or a task handing
+    on what is left when its time is up): published whatever the doorbell says, recorded in the
+    outbox like any other."""
     outbox.record_many([(SEND_MESSAGES, {"ids": [], "priority": priority, "wake": True})])

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import logging
 import random
+import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -53,6 +55,10 @@ class BatchReport:
     # Claimed, then lost before they were sent (the worker stalled past its lease): not recorded.
     abandoned: int = 0
 
+    def add(self, other: BatchReport) -> None:
+        for name, value in vars(other).items():
+            setattr(self, name, getattr(self, name) + value)
+
 
 def send_messages(
     message_ids: Sequence[int],
@@ -64,15 +70,68 @@ def send_messages(
     """Send the given messages that are still `queued` (and whose campaign, if any, is sending):
     claim → compose → deliver over the provider chain → record.
 
-    A task of the transactional pool (`priority` critical or high) claims from the pool instead
-    (`_claim_pooled`): the oldest waiting messages, its own among them, several under a backlog;
-    `wake`: the task is a doorbell (send_tasks), its ids all API messages the pool scans find.
+    A task of the transactional pool (`priority` critical or high) claims from the pool instead,
+    as long as messages wait (`_send_pooled`); `wake`: the task was published for the pool (an
+    accepted message's doorbell, a full claim's call for help), not for ids of its own.
     `clock` is the lease's (delivery.services.lease.CLOCK; tests pass their own)."""
-    asked_at = clock()  # before the claim is sent: the lease is never overestimated
     if priority in send_tasks.POOLED and (wake or send_tasks.pooling()):
-        claimed = _claim_pooled(message_ids, priority, wake=wake)
-    else:
-        claimed = claim(message_ids)
+        return _send_pooled(message_ids, priority, wake=wake, clock=clock)
+    asked_at = clock()  # before the claim is sent: the lease is never overestimated
+    return _send_claimed(claim(message_ids), asked_at, clock)
+
+
+def _send_pooled(
+    message_ids: Sequence[int], priority: str, *, wake: bool, clock: Callable[[], float]
+) -> BatchReport:
+    """The adaptive claim (docs/architecture.md "Adaptive claims"): claim the pool's oldest waiting
+    messages, up to EMAILHUB_TRANSACTIONAL_CLAIM_LIMIT (one when one waits), and send them; then
+    wait up to EMAILHUB_TRANSACTIONAL_LINGER_SECONDS for a wake-up and claim again when one comes
+    (at once after a full claim). While this runs the pool's doorbell stays set, so what is
+    accepted meanwhile publishes no task (it pushes a wake-up): this loop takes it, a batch at a
+    time. When no wake-up comes, the doorbell is unset and the pool claimed until none waits, for
+    what was committed before that.
+
+    A full claim asks for another task, so the pool's other processes help (a slow provider,
+    one message at a time, would otherwise hold the pool to one process). A task that has run
+    EMAILHUB_TRANSACTIONAL_TASK_SECONDS hands what is left to a new one and ends (Celery's other
+    queues, the visibility timeout); one that is not a doorbell also hands on the ids of its own
+    it did not take (a campaign's, which no pool scan finds)."""
+    limit = max(settings.EMAILHUB_TRANSACTIONAL_CLAIM_LIMIT, 1)
+    deadline = time.monotonic() + settings.EMAILHUB_TRANSACTIONAL_TASK_SECONDS
+    report = BatchReport()
+    taken: set[int] = set()
+    ringing = True  # the doorbell is set: what is accepted meanwhile pushes a wake-up
+    token = uuid.uuid4().hex  # this task's mark on the doorbell, while it lingers on it
+    asked_at = clock()
+    claimed = claim_pool(message_ids, priority, limit)
+    while claimed or ringing:
+        full = len(claimed) >= limit
+        if claimed:
+            if full:
+                send_tasks.ring(priority)
+            taken.update(m.id for m in claimed)
+            report.add(_send_claimed(claimed, asked_at, clock))
+            if time.monotonic() >= deadline:
+                if not full:  # a full claim's helper is the new task already
+                    send_tasks.ring(priority)
+                left = [i for i in message_ids if i not in taken]
+                if left and not wake:
+                    send_tasks.record_send(left, priority)
+                return report
+        # A claim short of the limit took everything waiting that no other claim holds; what is
+        # accepted after it pushes a wake-up while the doorbell is set. So: claim again at once
+        # after a full claim, or once the doorbell is unset (draining); else wait for a wake-up.
+        if ringing and not full:
+            linger = settings.EMAILHUB_TRANSACTIONAL_LINGER_SECONDS
+            if time.monotonic() >= deadline or not send_tasks.linger(linger, token):
+                send_tasks.answer(token)
+                ringing = False
+        asked_at = clock()
+        claimed = claim_pool(message_ids, priority, limit)
+    return report
+
+
+def _send_claimed(claimed: list[ClaimedMessage], asked_at: float, clock: Callable[[], float]) -> BatchReport:
     if not claimed:
         return BatchReport()
     lease = ClaimLease(
@@ -96,24 +155,6 @@ def send_messages(
         retrying=len(outcomes.retry) + len(outcomes.deferred),
         abandoned=len(lease.lost),
     )
-
-
-def _claim_pooled(message_ids: Sequence[int], priority: str, *, wake: bool) -> list[ClaimedMessage]:
-    """The adaptive claim: up to EMAILHUB_TRANSACTIONAL_CLAIM_LIMIT of the pool's oldest waiting
-    messages (one when one waits). A full claim leaves work behind: it asks for the next claim
-    before this one is sent, so the pool's other processes take it meanwhile; a task that is not
-    a doorbell hands the ids of its own it did not take (a campaign's, which no pool scan finds)
-    to a task of their own."""
-    limit = max(settings.EMAILHUB_TRANSACTIONAL_CLAIM_LIMIT, 1)
-    send_tasks.answer()
-    claimed = claim_pool(message_ids, priority, limit)
-    if len(claimed) >= limit:
-        taken = {m.id for m in claimed}
-        send_tasks.ring(priority)
-        left = [i for i in message_ids if i not in taken]
-        if left and not wake:
-            send_tasks.record_send(left, priority)
-    return claimed
 
 
 class _Delivery:
