@@ -79,12 +79,13 @@ def test_worker_killed_in_a_storm_sends_every_message_and_duplicates_only_those_
     with ThreadPoolExecutor(max_workers=CLIENTS) as pool:
         clients = [pool.submit(client) for _ in range(CLIENTS)]
         wait_until(lambda: smtp.count >= KILL_AT, 30, f"{KILL_AT} emails before the kill")
-        # A slow provider: both worker processes stop at an email's end of DATA, each holding its
-        # claim in `sending`, while the clients go on posting. Killed there, the worker leaves
-        # rows in flight whatever the timing (the two held emails may or may not count as
-        # received: aiosmtpd finishes or drops a DATA whose client is gone).
+        # A slow provider: the worker stops at an email's end of DATA, holding its claim in
+        # `sending`, while the clients go on posting (one pooled task sends the storm; a second
+        # process joins only when a claim is full). Killed there, the worker leaves rows in
+        # flight whatever the timing (a held email may or may not count as received: aiosmtpd
+        # finishes or drops a DATA whose client is gone).
         smtp.hold_data_replies()
-        wait_until(lambda: smtp.held >= 2, 10, "both worker processes to wait on the provider")
+        wait_until(lambda: smtp.held >= 1, 10, "the worker to wait on the provider")
         stack.kill("worker-transactional")
         killed.set()
         smtp.hold_data_replies(False)
@@ -94,7 +95,7 @@ def test_worker_killed_in_a_storm_sends_every_message_and_duplicates_only_those_
         for done in clients:
             done.result()
     assert len(accepted) == STORM and received_before_the_kill < STORM
-    assert len(in_flight) >= 2  # a claim of each held worker process
+    assert len(in_flight) >= 1  # the held claim
     assert len(while_dead) >= AFTER_KILL  # recovery really ran: work was waiting with no worker
     assert set(Message.objects.filter(status="sending").values_list("pk", flat=True)) == in_flight
 
