@@ -11,6 +11,7 @@ The outbox names no app's task: each app registers its task kinds from its AppCo
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from collections.abc import Callable, Sequence
@@ -25,7 +26,7 @@ from django.db import connection, transaction
 from django.db.models import Min
 from django.utils import timezone
 from django.utils.module_loading import import_string
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 from core import redis_clients
 from core.models import OutboxTask
@@ -63,6 +64,7 @@ redis.call('LTRIM', KEYS[2], 0, 0)
 redis.call('PEXPIRE', KEYS[2], ARGV[1])
 return 0
 """
+_RING_SHA = hashlib.sha1(_RING.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -218,12 +220,21 @@ def _publish_after_commit(rows: list[tuple[int, str, Payload]]) -> None:
         _delete(published)
 
 
+def _ring(bell: Doorbell) -> int:
+    client = redis_clients.send_path()
+    args = (2, bell.key, bell.wake_key, int(bell.seconds * 1000))
+    try:
+        return int(client.evalsha(_RING_SHA, *args))
+    except NoScriptError:  # a Redis that has not seen it yet (restarted, flushed scripts)
+        return int(client.eval(_RING, *args))
+
+
 def _answered(rows: list[tuple[int, str, Payload]]) -> list[int]:
     """The ids of the rows whose doorbell is already ringing: a task published before them, still
     on the broker or running, will find their work, so they are deleted unpublished. Rows of one
-    doorbell ring it once (the first is published if it was not set). One pipelined round trip for
-    the lot. If Redis cannot say, every row is published: an extra task costs a claim that finds
-    nothing, a missing one would cost a message its send."""
+    doorbell ring it once (the first is published if it was not set): one round trip. If Redis
+    cannot say, every row is published: an extra task costs a claim that finds nothing, a missing
+    one would cost a message its send."""
     by_bell: dict[Doorbell, list[int]] = {}
     for row_id, kind, payload in rows:
         spec = _kinds.get(kind)
@@ -233,12 +244,9 @@ def _answered(rows: list[tuple[int, str, Payload]]) -> list[int]:
     if not by_bell:
         return []
     try:
-        client = redis_clients.send_path()
-        ring = client.register_script(_RING)
-        with client.pipeline(transaction=False) as pipe:
-            for bell in by_bell:
-                ring(keys=[bell.key, bell.wake_key], args=[int(bell.seconds * 1000)], client=pipe)
-            rung = pipe.execute()
+        # One call per doorbell (there is one in practice): a pipeline would first ask SCRIPT
+        # EXISTS, a second round trip on every accept.
+        rung = [_ring(bell) for bell in by_bell]
     except RedisError as exc:
         logger.warning("doorbells unreadable (%s): publishing every task", exc)
         return []
