@@ -14,13 +14,21 @@ The phases of a run, one after the other on the same machine:
 1. reference: bench/reference/app.py, a plain Django view doing one INSERT into a table of its own
    database (`emailhub_bench_reference`) and answering 202 JSON, under emailhub's own web command
    (same gunicorn worker class, workers and threads), driven by the same client;
+1b. storm reference (unless `--storm-reference 0`): bench/reference/storm.py, what a Django team
+   writes without emailhub: a view that stores nothing and calls a Celery task with `.delay()`,
+   the task calling Django's `send_mail` over a kept SMTP connection, under the same web command
+   and emailhub's transactional worker command (`-A` swapped), same broker, sink and client,
+   flooded like phase 3. `storm_e2e_ratio` = phase 3's end-to-end rate / this one's;
 2. emailhub, web alone: the same client POSTing `priority: critical` messages while no worker
    runs (the tasks wait in the broker; the transactional worker then sends them all);
    `accept_ratio` = this rate / the reference's;
 3. emailhub with the transactional worker running: accept rate and accept -> SMTP 250 latency
    under that closed-loop flood (a backlog builds whenever accepting outpaces sending, so this
    latency grows with the accept rate); then `--paced` critical messages at `--paced-rate` per
-   second from one client, the SLA's case: `paced_p99` is the latency to compare across versions;
+   second from one client, the SLA's case: `paced_p99` is the latency to compare across versions
+   (with the worker's CPU per message at that rate); then `--storm-paced` messages at
+   `--storm-share` (80%) of the flood's end-to-end rate from `--concurrency` open-loop clients:
+   `storm_paced_p99` must stay under a second;
 4. batch (unless `--batches 0`): `POST /api/v1/messages/batch` of `--batch-size` `normal`
    messages from the same client threads, no worker running; then the bulk worker sends them.
    `batch_ratio` = accepted messages/s of the batch endpoint / phase 2's.
@@ -35,7 +43,10 @@ What it measures:
   excludes the HTTP round trip before the INSERT (the client-side API time is printed apart);
 - the sink's own count of received messages, which must equal what the database calls sent;
 - peak RSS (sum of VmHWM) of the worker's process group, and the CPU time the worker spent per
-  measured message; how many PostgreSQL sessions were opened while sending.
+  measured message; how many PostgreSQL sessions were opened while sending; messages per send
+  task (the flood's messages / the `delivery.send_messages` tasks the worker logged meanwhile);
+- the storm reference's accept -> 250 latency: the task pushes (accepted at, sent at) to a Redis
+  list after the 250 (one RPUSH, its only addition to the naive code); end-to-end as above.
 The last lines are the medians across runs (this machine is noisy), one `name: value unit` each.
 """
 

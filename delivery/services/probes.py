@@ -32,7 +32,10 @@ publishes a send task again for an existing row (this module, the Redis-reset re
 campaign's resume) moves its `queued_at` in the same transaction, so the rule holds for it too.
 
 Claims are conditional, so a wrong guess would cost a task that finds nothing to do, never a
-second email. Nothing here asks the broker anything: it works the same on Redis and RabbitMQ.
+second email. One known wrong guess: a critical or high message accepted while the transactional
+pool's doorbell rang has no task of its own (a running task claims it: docs/architecture.md
+"Adaptive claims"), so behind a backlog older than the margin it looks stranded and is
+republished, harmlessly. Nothing here asks the broker anything: it works the same on Redis and RabbitMQ.
 
 How long it takes (tests/test_stranded_queued.py checks it with controlled time). With the
 reconcile tick every P seconds (beat's "emailhub: reconcile schedule", 30 s) and the margin M
