@@ -14,6 +14,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
+import queue
+import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from contextlib import AbstractContextManager
@@ -217,7 +221,10 @@ def _publish_after_commit(rows: list[tuple[int, str, Payload]]) -> None:
     except Exception as exc:  # noqa: BLE001 - the relay publishes what we could not
         logger.warning("publishing %d outbox task(s) failed (%s); the relay will retry", len(rows), exc)
     if published:
-        _delete(published)
+        if _background is not None:
+            _background.put(published)
+        else:
+            _delete(published)
 
 
 def _ring(bell: Doorbell) -> int:
@@ -273,6 +280,56 @@ def _delete(row_ids: list[int]) -> None:
     # a table nothing references (profiled on POST /api/v1/messages).
     with connection.cursor() as cursor:
         cursor.execute(_DELETE_SQL, [row_ids])
+
+
+class _BackgroundDeletes:
+    """The DELETEs of published rows, batched on a thread of their own (one per process, started
+    on first use, so after a fork too): the request that published goes on without waiting for
+    one more round trip, and one DELETE removes the rows of many requests. What a killed process
+    had not deleted yet is published again by the relay after EMAILHUB_OUTBOX_GRACE_SECONDS,
+    which the conditional claims make harmless; so is what a failed DELETE left (logged)."""
+
+    BATCH = 500
+    GATHER_SECONDS = 0.05
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[list[int]] = queue.SimpleQueue()
+        self._pid: int | None = None
+        self._lock = threading.Lock()
+
+    def put(self, row_ids: list[int]) -> None:
+        if self._pid != os.getpid():
+            with self._lock:
+                if self._pid != os.getpid():
+                    threading.Thread(target=self._run, name="outbox-deletes", daemon=True).start()
+                    self._pid = os.getpid()
+        self._queue.put(row_ids)
+
+    def _run(self) -> None:
+        while True:
+            row_ids = list(self._queue.get())
+            time.sleep(self.GATHER_SECONDS)  # let a busy process's next requests join this batch
+            while len(row_ids) < self.BATCH:
+                try:
+                    row_ids += self._queue.get_nowait()
+                except queue.Empty:
+                    break
+            try:
+                _delete(row_ids)
+            except Exception as exc:  # noqa: BLE001 - the relay publishes them again, harmlessly
+                logger.warning("deleting %d published outbox row(s) failed: %s", len(row_ids), exc)
+                connection.close()  # this thread's; the next batch connects afresh
+
+
+_background: _BackgroundDeletes | None = None
+
+
+def delete_in_background() -> None:
+    """Delete published rows on a background thread of this process from now on (the web process:
+    emailhub/wsgi.py). Elsewhere they are deleted before `record_many`'s caller goes on."""
+    global _background
+    if _background is None:
+        _background = _BackgroundDeletes()
 
 
 def record_many(tasks: list[tuple[str, Payload]], *, publish_on: Executor | None = None) -> None:

@@ -9,9 +9,13 @@ django_application = get_wsgi_application()
 
 # Imported after Django is set up (get_wsgi_application), as the tracking modules read settings.
 import fastpaths  # noqa: E402
+from core import outbox  # noqa: E402
 from delivery.tracking import serve  # noqa: E402
 from fastpaths import db_health, publish  # noqa: E402
 from fastpaths.tracking import TrackingFastPath, WsgiApp  # noqa: E402
+
+# A request that published its tasks does not wait for their outbox rows' DELETE (core/outbox.py).
+outbox.delete_in_background()
 
 application: WsgiApp = django_application
 if fastpaths.enabled("tracking"):

@@ -11,6 +11,7 @@ from django.db import connection
 from delivery.models import Message
 from fastpaths import db_health
 from scripts.stack import Stack
+from tests.conftest import wait_for_status
 
 
 def test_a_connection_checked_less_than_a_second_ago_skips_the_check(db) -> None:  # noqa: ANN001
@@ -61,3 +62,31 @@ def test_after_the_server_drops_the_webs_connections_few_requests_fail_and_none_
     accepted = [r.json()["id"] for r in answers if r.status_code == 202]
     assert Message.objects.filter(pk__in=accepted).count() == len(accepted)
     assert Message.objects.count() == 8 + len(accepted)
+
+
+@pytest.mark.processes
+def test_after_the_server_drops_the_workers_connections_every_message_is_still_sent_once(
+    stack: Stack,
+    smtp,  # noqa: ANN001
+    api,  # noqa: ANN001
+) -> None:
+    """The workers skip the check too (fastpaths/db_health.py `install_worker`): a dropped
+    connection fails one task, which is retried (TASK_RETRY) on a fresh connection."""
+    stack.start("worker-transactional")
+    body = {"to": "ann@example.com", "subject": "Code", "text": "123456", "priority": "critical"}
+    first = api.post("/api/v1/messages", body, format="json").json()["id"]
+    wait_for_status(first, "sent")
+    with connection.cursor() as cursor:  # what a PostgreSQL restart does to the worker
+        cursor.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+        )
+    ids = [
+        api.post("/api/v1/messages", {**body, "to": f"u{n}@example.com"}, format="json").json()["id"]
+        for n in range(5)
+    ]
+    for message_id in ids:
+        wait_for_status(message_id, "sent")
+    assert sorted(m.rcpt_tos[0] for m in smtp.wait_for(6)) == sorted(
+        ["ann@example.com", *(f"u{n}@example.com" for n in range(5))]
+    )
