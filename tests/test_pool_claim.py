@@ -260,3 +260,28 @@ def test_a_task_published_before_the_adaptive_claim_is_sent_as_before(smtp: SMTP
 
 def test_the_doorbell_kind_is_registered_with_the_send_task() -> None:
     assert outbox.registered_kinds()[send_tasks.SEND_MESSAGES] == send_tasks.SEND_MESSAGES_TASK
+
+
+def test_under_load_a_woken_task_gathers_before_claiming_and_a_message_alone_never_waits(
+    smtp: SMTPTestServer,
+    settings,  # noqa: ANN001
+    monkeypatch,  # noqa: ANN001
+) -> None:
+    from delivery.services import sending
+
+    settings.EMAILHUB_TRANSACTIONAL_GATHER_SECONDS = 0.005
+    slept: list[float] = []
+    monkeypatch.setattr(sending.time, "sleep", slept.append)
+    arrivals = [2, 1]  # what each wake-up announces; then none comes
+
+    def linger(seconds: float, token: str) -> bool:
+        if not arrivals:
+            return False
+        waiting(arrivals.pop(0), "critical", f"wave{len(arrivals)}-")
+        return True
+
+    monkeypatch.setattr(send_tasks, "linger", linger)
+    waiting(1, "critical", "first")
+    report = send_messages([], priority="critical", wake=True)
+    # Claims of 1 (no wait), then 2 (a wait before the next claim), then 1 (no wait), then none.
+    assert report.sent == 4 and slept == [0.005]

@@ -86,7 +86,8 @@ def _send_pooled(
     """The adaptive claim (docs/architecture.md "Adaptive claims"): claim the pool's oldest waiting
     messages, up to EMAILHUB_TRANSACTIONAL_CLAIM_LIMIT (one when one waits), and send them; then
     wait up to EMAILHUB_TRANSACTIONAL_LINGER_SECONDS for a wake-up and claim again when one comes
-    (at once after a full claim). While this runs the pool's doorbell stays set, so what is
+    (at once after a full claim; after a claim of several, EMAILHUB_TRANSACTIONAL_GATHER_SECONDS
+    later, so the next one takes more). While this runs the pool's doorbell stays set, so what is
     accepted meanwhile publishes no task (it pushes a wake-up): this loop takes it, a batch at a
     time. When no wake-up comes, the doorbell is unset and the pool claimed until none waits, for
     what was committed before that.
@@ -126,6 +127,9 @@ def _send_pooled(
             if time.monotonic() >= deadline or not send_tasks.linger(linger, token):
                 send_tasks.answer(token)
                 ringing = False
+            elif len(claimed) > 1:
+                # Under load (the last claim found several): let the next few arrive first.
+                time.sleep(settings.EMAILHUB_TRANSACTIONAL_GATHER_SECONDS)
         asked_at = clock()
         claimed = claim_pool(message_ids, priority, limit)
     return report
