@@ -225,10 +225,12 @@ def seconds_until_probe(name: str) -> float:
     return _seconds_until_probe(breaker)
 
 
-def guarded_call(name: str, func: Callable[[], T]) -> T:
+def guarded_call(name: str, func: Callable[[], T], *, probe: Callable[[], T] | None = None) -> T:
     """Call `func` through the provider's breaker; raise CircuitOpen if the provider is skipped.
 
-    ProviderUnavailable from `func` propagates (after being counted).
+    `probe`: what to call instead when this call is the circuit's probe (a batch's sender risks
+    one message on a provider that may still be down, not the batch). ProviderUnavailable from
+    `func` propagates (after being counted).
     """
     breaker = breaker_for(name)
     with breaker._lock:
@@ -249,7 +251,7 @@ def guarded_call(name: str, func: Callable[[], T]) -> T:
         raise CircuitOpen(f"circuit {state}, another process is probing it", PROBE_WAIT_SECONDS)
     try:
         logger.info("probing %s (circuit %s)", name, state)
-        return call_replayed(breaker, func)
+        return call_replayed(breaker, probe or func)
     finally:
         try:
             # Only our own token: if ours expired during a long probe, another process holds it now.

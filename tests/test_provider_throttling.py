@@ -220,7 +220,7 @@ def test_a_message_finding_every_circuit_open_keeps_its_attempt_and_waits_for_th
     first = factories.message("first@example.com")
     send_messages([first.pk])  # tried: fails and opens the circuit
     first.refresh_from_db()
-    assert first.attempts == 1 and breakers.snapshot(circuit_of("smtp"))["state"] == "open"
+    assert first.attempts == 1 and breakers.snapshot(circuit_of("smtp"))["state"] == "open", first.status
 
     second = factories.message("second@example.com")
     before = timezone.now()
@@ -265,6 +265,51 @@ def test_after_the_circuit_lets_a_probe_through_the_deferred_message_is_sent(
     assert [m.rcpt_tos for m in smtp.messages] == [["ann@example.com"]]
 
 
+def test_a_probe_risks_one_message_of_its_batch_whether_it_fails_or_succeeds(
+    settings,  # noqa: ANN001
+    smtp: SMTPTestServer,
+) -> None:
+    """A pooled task claims several messages; when its call is the circuit's probe, only the
+    first is handed to the provider that may still be down. Failed: that one spent an attempt,
+    the others none. Succeeded: that one is sent, the others wait for the closed circuit."""
+    settings.EMAILHUB_BREAKER_FAIL_MAX = 1
+    settings.EMAILHUB_BREAKER_RESET_TIMEOUT = 1.0
+    chain(settings, "smtp")
+    first = factories.message(to="first@example.com")
+    smtp.reply_to_everyone("421 4.3.2 service not available")
+    send_messages([first.pk])  # opens the circuit
+    first.refresh_from_db()
+    assert first.attempts == 1 and breakers.snapshot(circuit_of("smtp"))["state"] == "open", first.status
+
+    batch = [factories.message(to=f"user{n}@example.com") for n in range(3)]
+    ids = [first.pk] + [m.pk for m in batch]
+    requeue(first)
+    assert Message.objects.filter(pk__in=ids, status="queued").count() == 4
+    wait_until(lambda: breakers.seconds_until_probe(circuit_of("smtp")) == 0, 5, "the probe to be due")
+    send_messages(ids)  # the probe: fails
+
+    def spent() -> int:
+        return sum(Message.objects.filter(pk__in=ids).values_list("attempts", flat=True))
+
+    assert spent() == 2  # the first's opening call, and the probe's one message
+    assert breakers.snapshot(circuit_of("smtp"))["state"] == "open"
+    assert smtp.messages == []
+
+    smtp.reply_to_everyone(None)
+    Message.objects.filter(pk__in=ids).update(status="queued")
+    wait_until(lambda: breakers.seconds_until_probe(circuit_of("smtp")) == 0, 5, "the probe to be due")
+    report = send_messages(ids)  # the probe: succeeds with one message; the rest wait, attempt kept
+    assert report.sent == 1 and len(smtp.messages) == 1 and spent() == 3
+    assert breakers.snapshot(circuit_of("smtp"))["state"] == "closed"
+    Message.objects.filter(pk__in=ids, status="retry_wait").update(status="queued")
+    assert send_messages(ids).sent == 3  # the circuit is closed: the rest go in one call
+    assert set(Message.objects.filter(pk__in=ids).values_list("status", flat=True)) == {"sent"}
+    assert spent() == 6
+    assert sorted(m.rcpt_tos[0] for m in smtp.messages) == sorted(
+        ["first@example.com"] + [f"user{n}@example.com" for n in range(3)]
+    )
+
+
 FAIL_MAX = 1
 RESET_TIMEOUT = 1.5
 
@@ -295,15 +340,25 @@ def test_an_outage_on_real_processes_spends_one_attempt_per_probe_and_then_sends
         ).json()["id"]
         for n in range(5)
     ]
-    # Let the outage last through several probe windows (each failed probe re-opens the circuit).
-    wait_until(lambda: int(breakers.snapshot(circuit_of("smtp"))["times_opened"]) >= 4, 60, "four openings")
+
+    def opened() -> int:
+        return int(breakers.snapshot(circuit_of("smtp"))["times_opened"])
+
+    def spent() -> int:
+        return sum(Message.objects.filter(pk__in=ids).values_list("attempts", flat=True))
+
+    wait_until(lambda: opened() >= 1, 60, "the circuit to open")
+    # The call that opened it spent an attempt for each message it was given (one task's claim:
+    # one to five of them). Then let the outage last through several probe windows (each failed
+    # probe re-opens the circuit).
+    opened_first, spent_first = opened(), spent()
+    wait_until(lambda: opened() >= opened_first + 3, 60, "three more openings")
     assert not Message.objects.filter(pk__in=ids, status__in=["sent", "failed"]).exists()
-    # Every attempt spent was a real call to SMTP: the one that opened the circuit and one per
-    # probe, each of which re-opened it. With the old code every retry cycle (every 0.5 s here)
-    # spent one per message.
-    opened = int(breakers.snapshot(circuit_of("smtp"))["times_opened"])
-    spent = sum(Message.objects.filter(pk__in=ids).values_list("attempts", flat=True))
-    assert spent <= opened + 1  # +1: a probe in flight while we read
+    # Every attempt spent since was a real call to SMTP, one message each: a probe, which
+    # re-opened the circuit. With the old code every retry cycle (every 0.5 s here) spent one per
+    # message; a probe risks one message of its batch (the rest wait, attempt kept).
+    assert spent_first <= len(ids)
+    assert spent() - spent_first <= opened() - opened_first + 1  # +1: a probe in flight while we read
     assert all("smtp: smtp" not in (m.last_error or "") for m in Message.objects.filter(pk__in=ids))
 
     smtp.reply_to_everyone(None)

@@ -15,8 +15,14 @@ import redis as redis_lib
 from django.conf import settings
 
 from core import metrics
-from delivery.breakers import circuit_key, guarded_call, register_circuit, seconds_until_probe
-from delivery.exceptions import CircuitOpen, ProviderSkipped, ProviderThrottled
+from delivery.breakers import (
+    PROBE_WAIT_SECONDS,
+    circuit_key,
+    guarded_call,
+    register_circuit,
+    seconds_until_probe,
+)
+from delivery.exceptions import CircuitOpen, ProviderSkipped, ProviderThrottled, ProviderUnavailable
 from delivery.providers import UNGUARDED, Guard, OutgoingEmail, SendResult, get_provider
 from delivery.ratelimit import bucket_for, pause_provider, pause_remaining
 
@@ -49,14 +55,31 @@ def send_via(
     allowed = _quota(name, circuit, len(emails), transactional)
     batch, later = list(emails[:allowed]), list(emails[allowed:])
 
-    def call() -> list[SendResult]:
+    def call(emails: list[OutgoingEmail]) -> list[SendResult]:
         started = time.perf_counter()
         try:
-            return provider.send_batch(batch, guard)
+            return provider.send_batch(emails, guard)
         finally:  # failures too: a slow timeout is what the histogram is for
             metrics.observe_provider_call(name, time.perf_counter() - started)
 
-    results = _through_breaker(circuit, call, batch)
+    probed: list[bool] = []
+
+    def probe() -> list[SendResult]:
+        # The circuit's probe risks one message; the rest wait for its verdict, attempt kept.
+        probed.append(True)
+        rest = SendResult.not_tried("waiting for the circuit's probe", PROBE_WAIT_SECONDS)
+        return call(batch[:1]) + [rest for _ in batch[1:]]
+
+    try:
+        results = _through_breaker(circuit, lambda: call(batch), batch, probe=probe)
+    except ProviderUnavailable as exc:
+        if not probed or len(batch) == 1:
+            raise
+        # The failed probe (already counted by the breaker) was handed one message: that one
+        # was tried; the others never left us and wait for the next probe without an attempt.
+        wait = seconds_until_probe(circuit) or PROBE_WAIT_SECONDS
+        rest = SendResult.not_tried(f"circuit open, next probe in {wait:.0f} s", wait)
+        results = [SendResult.transient(str(exc))] + [rest for _ in batch[1:]]
     return results + [SendResult.not_tried("send-rate quota used up", QUOTA_WAIT_SECONDS) for _ in later]
 
 
@@ -84,12 +107,16 @@ def _quota(name: str, circuit: str, wanted: int, transactional: bool) -> int:
 
 
 def _through_breaker(
-    circuit: str, call: Callable[[], list[SendResult]], batch: list[OutgoingEmail]
+    circuit: str,
+    call: Callable[[], list[SendResult]],
+    batch: list[OutgoingEmail],
+    *,
+    probe: Callable[[], list[SendResult]] | None = None,
 ) -> list[SendResult]:
     """`call` under the circuit's breaker: an open circuit skips the provider; a provider that
     asks us to slow down pauses the circuit (what it took before refusing stays sent)."""
     try:
-        return guarded_call(circuit, call)
+        return guarded_call(circuit, call, probe=probe)
     except CircuitOpen as exc:
         raise ProviderSkipped(str(exc), exc.retry_after) from exc
     except ProviderThrottled as exc:
