@@ -9,6 +9,7 @@ from django.db.models.functions import Now
 
 from core.templating import TemplateSyntaxError, check_syntax
 from core.timezones import validate_timezone
+from core.validators import validate_tags
 
 
 class Priority(models.TextChoices):
@@ -179,6 +180,11 @@ class Campaign(models.Model):
     # Open and click tracking (opt-in): an open pixel, links rewritten to the click redirect.
     track_opens = models.BooleanField(default=False)
     track_clicks = models.BooleanField(default=False)
+    # What the operator or application recognises the campaign's mail by: its messages carry
+    # these in the API and on every event (one copy here, none per message row).
+    tags = models.JSONField(
+        null=True, blank=True, validators=[validate_tags], help_text='e.g. ["spring-sale"]'
+    )
 
     # Fan-out progress: the last contact id written, so a killed fan-out resumes where it was.
     fanout_cursor = models.BigIntegerField(default=0)

@@ -15,7 +15,8 @@ An integer field takes a JSON number and DRF then refuses a fraction ("1.5"), as
 refused as given: DRF measured it after stripping blanks, the schema's maxLength does not.
 
 The fields here are the API's own kinds of value: `JSONObjectField` (an object, with the key and
-size limits of core.limits), `WallTimeField` (a time of day without an offset) and `ObjectIdField`
+size limits of core.limits), `TagsField` and `MetadataField` (what an application attaches to a
+message or a campaign to recognise it later), `WallTimeField` (a time of day without an offset) and `ObjectIdField`
 (an existing row's id, `minimum: 1` in the schema).
 """
 
@@ -32,7 +33,9 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 from rest_framework.relations import ManyRelatedField
 
-from core.limits import Limit, object_limits
+from core import limits
+from core.limits import Limit, MaxItems, object_limits
+from core.validators import TAG_PATTERN, TAG_RULE
 
 # Field classes -> the JSON type they take, most specific first (MultipleChoiceField is a
 # ChoiceField, ManyRelatedField holds ids).
@@ -156,6 +159,22 @@ class ModelSerializer(StrictJSONMixin, serializers.ModelSerializer):
     pass  # the API's model serializer base: DRF's, refusing wrong JSON types
 
 
+class ClosedSerializer(Serializer):
+    # A request body that takes only its declared fields: any other is a 400 naming it (a typo
+    # must not pass as a request that changes nothing), and the schema says
+    # additionalProperties: false (core.api_schema).
+    refuses_unknown_fields = True
+
+    def to_internal_value(self, data: Any) -> Any:
+        unknown = sorted(set(data) - set(self.fields)) if isinstance(data, Mapping) else []
+        if unknown:
+            takes = ", ".join(self.fields)
+            raise serializers.ValidationError(
+                {name: [f"unknown field; this takes {takes}"] for name in unknown}
+            )
+        return super().to_internal_value(data)
+
+
 class QueryParameters(Serializer):
     # A view's query parameters. One given without a value (`?status=`) is a 400 naming it: DRF
     # reads an empty form value of an optional field as absent, so it filtered nothing while the
@@ -183,6 +202,42 @@ class JSONObjectField(serializers.DictField):
         if limits is not None:
             kwargs["validators"] = [*kwargs.get("validators", []), *object_limits(*limits)]
         super().__init__(**kwargs)
+
+
+class TagsField(serializers.ListField):
+    """Up to EMAILHUB_MESSAGE_MAX_TAGS tags of TAG_PATTERN, each at most EMAILHUB_TAG_MAX_LENGTH
+    characters; a tag given twice is kept once, in the order given."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        child = serializers.RegexField(
+            TAG_PATTERN,
+            validators=[MaxItems(limits.TAG_LENGTH, "characters")],
+            error_messages={"invalid": f"is not a tag: {TAG_RULE}", "blank": "a tag cannot be empty"},
+        )
+        validators = [*kwargs.pop("validators", []), MaxItems(limits.MESSAGE_TAGS, "tags")]
+        super().__init__(child=child, validators=validators, **kwargs)
+
+    def to_internal_value(self, data: Any) -> list[str]:
+        return list(dict.fromkeys(super().to_internal_value(data)))
+
+
+class MetadataField(serializers.DictField):
+    """A flat object of string keys and string values, at most EMAILHUB_METADATA_MAX_KEYS keys
+    and EMAILHUB_METADATA_MAX_BYTES bytes as compact UTF-8 JSON (which bounds a key's length; any
+    key JSON can carry is stored: OpenAPI 3.0 has no way to say a rule for keys). Stored with the
+    message and echoed on its events; never sent to the recipient."""
+
+    default_error_messages = {
+        "not_a_dict": 'must be a JSON object of string keys and string values, e.g. {{"order": "1234"}}'
+    }
+
+    def __init__(self, **kwargs: Any) -> None:
+        child = serializers.CharField(allow_blank=True, trim_whitespace=False)
+        validators = [
+            *kwargs.pop("validators", []),
+            *object_limits(limits.METADATA_KEYS, limits.METADATA_BYTES),
+        ]
+        super().__init__(child=child, validators=validators, **kwargs)
 
 
 # A time of day as the API writes it (time.isoformat(): "09:30:00", "09:30:00.250000") and takes

@@ -20,7 +20,9 @@ What only some operations answer (409 from a state conflict, 422 from an idempot
 with another body) a view declares with `error_response(409, "why")` in its `extend_schema`
 responses. An operation that takes no key says `security: []` instead of staying silent.
 
-A serializer whose view refuses fields it does not declare says so with `refuses_unknown_fields
+A PATCH view that validates its whole body says so with `required_on_patch = True` on its
+serializer (its required fields stay required in the schema). A serializer whose view refuses
+fields it does not declare says so with `refuses_unknown_fields
 = True` (the request schema gets `additionalProperties: false`).
 
 Request bodies are their own components (`COMPONENT_SPLIT_REQUEST`: `ContactRequest`,
@@ -233,12 +235,24 @@ class AutoSchema(openapi.AutoSchema):
         schema = super()._map_basic_serializer(serializer, direction)
         if direction == "request" and getattr(serializer, "refuses_unknown_fields", False):
             schema["additionalProperties"] = False  # the view answers 400 for any other field
+        if direction == "request" and getattr(serializer, "exactly_one_field", False):
+            schema["minProperties"] = schema["maxProperties"] = 1  # one of its fields, alone
         return schema
 
     def _get_request_for_media_type(self, serializer: Any, direction: Any = "request") -> Any:
+        if self.method == "PATCH" and getattr(serializer, "required_on_patch", False):
+            # A PATCH whose view validates the whole body (not DRF's partial update): its
+            # required fields stay required, as for POST (`PATCH /messages/{id}`: send_at).
+            self.method = "POST"
+            try:
+                return self._get_request_for_media_type(serializer, direction)
+            finally:
+                self.method = "PATCH"
         schema, required = super()._get_request_for_media_type(serializer, direction)
         if isinstance(serializer, PolymorphicProxySerializer):
             required = True  # each variant requires its discriminator (`…/schedule`: `type`)
+        if getattr(serializer, "exactly_one_field", False):
+            required = True  # a body of one field, so a body
         return schema, required
 
     def _get_request_body(self, direction: Any = "request") -> dict[str, Any] | None:

@@ -14,6 +14,8 @@ error shape's `limit` member (`{"name": setting, "value": n}`), with `code: limi
   UTF-8 JSON (`MaxKeys`, `MaxJSONBytes`: Django validators, so the API's field and the admin's
   form field run the same ones). The key limit is also the schema's `maxProperties`
   (drf-spectacular reads a MaxLengthValidator's limit); no JSON Schema keyword bounds bytes.
+- `MESSAGE_TAGS`/`TAG_LENGTH`, `METADATA_KEYS`/`METADATA_BYTES`: a message's `tags` (how many,
+  how long each) and its flat string `metadata` (keys, compact UTF-8 JSON bytes).
 """
 
 from __future__ import annotations
@@ -46,9 +48,14 @@ CONTEXT_KEYS = Limit("EMAILHUB_CONTEXT_MAX_KEYS")
 CONTEXT_BYTES = Limit("EMAILHUB_CONTEXT_MAX_BYTES")
 ATTRIBUTES_KEYS = Limit("EMAILHUB_ATTRIBUTES_MAX_KEYS")
 ATTRIBUTES_BYTES = Limit("EMAILHUB_ATTRIBUTES_MAX_BYTES")
+MESSAGE_TAGS = Limit("EMAILHUB_MESSAGE_MAX_TAGS")
+TAG_LENGTH = Limit("EMAILHUB_TAG_MAX_LENGTH")
+METADATA_KEYS = Limit("EMAILHUB_METADATA_MAX_KEYS")
+METADATA_BYTES = Limit("EMAILHUB_METADATA_MAX_BYTES")
 
 LIMITS = {limit.setting: limit for limit in (SCHEDULE_HORIZON, CONTEXT_KEYS, CONTEXT_BYTES, ATTRIBUTES_KEYS,
-                                             ATTRIBUTES_BYTES)}  # fmt: skip
+                                             ATTRIBUTES_BYTES, MESSAGE_TAGS, TAG_LENGTH, METADATA_KEYS,
+                                             METADATA_BYTES)}  # fmt: skip
 
 
 def beyond_horizon(instant: datetime, *, now: datetime | None = None) -> str | None:
@@ -75,6 +82,17 @@ class MaxKeys(MaxLengthValidator):
         super().__init__(
             limit.value,  # a callable: read when checked (and by drf-spectacular for maxProperties)
             message=f"has %(show_value)d keys; at most %(limit_value)d ({limit.setting})",
+        )
+        self.code = limit.setting
+
+
+class MaxItems(MaxLengthValidator):
+    """At most `limit` items in a list, or characters in a string (`noun` says which)."""
+
+    def __init__(self, limit: Limit, noun: str) -> None:
+        super().__init__(
+            limit.value,
+            message=f"has %(show_value)d {noun}; at most %(limit_value)d ({limit.setting})",
         )
         self.code = limit.setting
 

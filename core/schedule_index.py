@@ -142,6 +142,21 @@ def remove(units: Iterable[str], *, redis: redis_lib.Redis | None = None) -> int
     return removed
 
 
+def move_after_commit(units: list[tuple[str, datetime]]) -> None:
+    """Set units' due times once the caller's transaction commits, later or earlier than they
+    were (a rescheduled message; `add` keeps the earlier of two). If Redis is away a unit keeps
+    its old time; its dispatch then finds the row not due and indexes it at its real time."""
+
+    def _move() -> None:
+        try:
+            redis_clients.schedule().zadd(DUE, {unit: due.timestamp() for unit, due in units})
+        except redis_lib.RedisError as exc:
+            logger.warning("could not move %d unit(s) (%s)", len(units), exc)
+
+    if units:
+        transaction.on_commit(_move)
+
+
 def unindex_after_commit(units: list[str]) -> None:
     """Drop units once the caller's transaction commits. If Redis is away a unit stays; its
     dispatch then moves no row (they are no longer `scheduled`), and the reconciler never

@@ -88,6 +88,15 @@ class BatchConflict(IdempotencyConflict):
         self.indexes = indexes
 
 
+class MessageNotChangeable(DeliveryError):
+    """An application asked to cancel or reschedule a message that is past it: handed to a
+    provider (`sending`), finished, or a campaign's (its campaign schedules it). The API's 409."""
+
+    def __init__(self, message_id: int, status: str, why: str) -> None:
+        super().__init__(f"message {message_id} is {status}: {why}")
+        self.status = status
+
+
 class InvalidTestSend(DeliveryError):
     """An operator's test send that cannot go out as asked; `errors` maps each field to why."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.contrib.postgres.fields import ArrayField
+from django.contrib.postgres.indexes import GinIndex
 from django.db import models
 from django.db.models.functions import Now, Upper
 
@@ -109,6 +110,12 @@ class Message(models.Model):
     # An operator's test send from the admin's template page: their user name ("" when unknown);
     # NULL for every other message.
     test_send_by = models.CharField(max_length=150, null=True, blank=True)
+    # What the application attaches to recognise the message in its events and lists: a JSON
+    # array of tags and a flat object of string metadata (limits in core.limits). Stored, never
+    # put in a header the recipient can see. NULL when none; a campaign's rows leave them NULL
+    # and carry their campaign's tags (Campaign.tags), so fan-out writes no copy per row.
+    tags = models.JSONField(null=True, blank=True)
+    metadata = models.JSONField(null=True, blank=True)
 
     priority = models.CharField(max_length=8, choices=Priority.choices, default=Priority.NORMAL)
     status = models.CharField(
@@ -158,6 +165,14 @@ class Message(models.Model):
                 fields=["priority", "id"],
                 name="message_pool_queued_idx",
                 condition=models.Q(status="queued", campaign__isnull=True, priority__in=["critical", "high"]),
+            ),
+            # `?tag=` and cancel by tag: `tags @> '["x"]'`. Partial: rows without tags (every
+            # campaign row) never enter it, so fan-out does not pay for it.
+            GinIndex(
+                fields=["tags"],
+                name="message_tags_idx",
+                opclasses=["jsonb_path_ops"],
+                condition=models.Q(tags__isnull=False),
             ),
             # The reaper: rows whose worker died while sending.
             models.Index(

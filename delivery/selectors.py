@@ -9,9 +9,10 @@ from typing import Any
 import redis as redis_lib
 from django.conf import settings
 from django.db import connection
-from django.db.models import QuerySet
+from django.db.models import F, Q, QuerySet
+from django.db.models.functions import Coalesce
 
-from campaigns.selectors import campaign_status_sql, holdout_sql, suppressed_sql
+from campaigns.selectors import campaign_status_sql, campaigns_tagged, holdout_sql, suppressed_sql
 from core.sql import literals
 from delivery.breakers import CircuitSeen, circuit_key, circuits_seen, snapshot
 from delivery.exceptions import ProviderConfigurationError
@@ -100,8 +101,14 @@ def messages_visible_to(key: ApiKey) -> QuerySet[Message]:
     Another key's message is simply absent (a 404, not a 403), so ids are not an oracle. A
     key's own list is served by message_api_key_idx.
     """
-    messages = Message.objects.select_related("template")
+    messages = Message.objects.select_related("template").annotate(campaign_tags=F("campaign__tags"))
     return messages if can_manage(key) else messages.filter(api_key=key)
+
+
+def messages_tagged(messages: QuerySet[Message], tag: str) -> QuerySet[Message]:
+    """Those of `messages` that carry `tag` (`tags @> '["tag"]'`, served by message_tags_idx),
+    or whose campaign does."""
+    return messages.filter(Q(tags__contains=[tag]) | Q(campaign_id__in=campaigns_tagged(tag)))
 
 
 def message_states(message_ids: Sequence[int]) -> dict[int, tuple[str, bool, str | None]]:
@@ -195,9 +202,19 @@ def pending_and_sending_by_priority() -> dict[str, tuple[int, int]]:
         return {priority: (pending, sending) for priority, pending, sending in cursor.fetchall()}
 
 
+def with_message_tags(events: QuerySet[EmailEvent]) -> QuerySet[EmailEvent]:
+    """Each event with its message's tags (a campaign message's: its campaign's) and metadata
+    (`message_tags`, `message_metadata`): columns of joins on primary keys, not the message row
+    and its bodies."""
+    return events.annotate(
+        message_tags=Coalesce(F("message__tags"), F("message__campaign__tags")),
+        message_metadata=F("message__metadata"),
+    )
+
+
 def events_of(message: Message) -> QuerySet[EmailEvent]:
     """A message's events, newest first (served by the event table's message index)."""
-    return EmailEvent.objects.filter(message=message)
+    return with_message_tags(EmailEvent.objects.filter(message=message))
 
 
 def events_matching(filters: dict[str, Any]) -> QuerySet[EmailEvent]:
@@ -213,11 +230,16 @@ def events_matching(filters: dict[str, Any]) -> QuerySet[EmailEvent]:
         events = events.filter(message_id=filters["message"])
     if "campaign" in filters:
         events = events.filter(message__campaign_id=filters["campaign"])
+    if "tag" in filters:  # message_tags_idx (or the tagged campaigns' messages), then their events
+        tag = filters["tag"]
+        events = events.filter(
+            Q(message__tags__contains=[tag]) | Q(message__campaign_id__in=campaigns_tagged(tag))
+        )
     if "since" in filters:
         events = events.filter(occurred_at__gte=filters["since"])
     if "until" in filters:
         events = events.filter(occurred_at__lt=filters["until"])
-    return events
+    return with_message_tags(events)
 
 
 def _rate(part: int, whole: int) -> str:

@@ -379,6 +379,14 @@ EMAILHUB_CONTEXT_MAX_BYTES = env_int("EMAILHUB_CONTEXT_MAX_BYTES", 64 * 1024, mi
 # columns than the key limit is refused at its header.
 EMAILHUB_ATTRIBUTES_MAX_KEYS = env_int("EMAILHUB_ATTRIBUTES_MAX_KEYS", 1000, minimum=1)
 EMAILHUB_ATTRIBUTES_MAX_BYTES = env_int("EMAILHUB_ATTRIBUTES_MAX_BYTES", 64 * 1024, minimum=1024)
+# A message's `tags` and `metadata` (issue 21): what an application attaches to recognise the
+# message in lists, events and a cancel by tag. Postmark allows one tag, SendGrid 10 categories,
+# Mailgun 10 tags; Resend's and SES's message tags are string pairs. Tags are short identifiers
+# (EMAILHUB_TAG_MAX_LENGTH characters of [A-Za-z0-9_.:-]); metadata a flat object of strings.
+EMAILHUB_MESSAGE_MAX_TAGS = env_int("EMAILHUB_MESSAGE_MAX_TAGS", 10, minimum=1)
+EMAILHUB_TAG_MAX_LENGTH = env_int("EMAILHUB_TAG_MAX_LENGTH", 128, minimum=16)
+EMAILHUB_METADATA_MAX_KEYS = env_int("EMAILHUB_METADATA_MAX_KEYS", 20, minimum=1)
+EMAILHUB_METADATA_MAX_BYTES = env_int("EMAILHUB_METADATA_MAX_BYTES", 2048, minimum=256)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["delivery.authentication.ApiKeyAuthentication"],

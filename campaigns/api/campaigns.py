@@ -74,6 +74,7 @@ class CampaignSerializer(api_input.ModelSerializer):
     contact_list = serializers.PrimaryKeyRelatedField(queryset=ContactList.objects.all())
     progress = serializers.SerializerMethodField()
     local_time = api_input.WallTimeField(read_only=True, allow_null=True)
+    tags = api_input.TagsField(required=False)
 
     class Meta:
         model = Campaign
@@ -82,6 +83,7 @@ class CampaignSerializer(api_input.ModelSerializer):
             "schedule_type", "scheduled_at", "local_date", "local_time", "past_time_policy", "progress", "created_at", "started_at", "completed_at",
             "window_start", "window_hours", "holdout_percent",
             "track_opens", "track_clicks",  # opt-ins (docs/delivery.md, "Tracking")
+            "tags",  # carried by its messages in the API and on their events
         ]  # fmt: skip
         read_only_fields = [
             "id",
@@ -112,6 +114,13 @@ class CampaignSerializer(api_input.ModelSerializer):
             "fanout_done": campaign.fanout_done,
             "percent_done": campaign.percent_done,
         }
+
+    def validate_tags(self, value: list[str]) -> list[str] | None:
+        return value or None  # none stored as NULL, as a message's
+
+    def to_representation(self, instance: Campaign) -> dict[str, Any]:
+        data: dict[str, Any] = super().to_representation(instance)
+        return {**data, "tags": data.get("tags") or []}
 
     def validate_from_email(self, value: str) -> str:
         return validate_mailbox(value, allow_blank=True)

@@ -12,7 +12,7 @@ from rest_framework import serializers
 from campaigns.models import Priority, Template
 from core import api_input, limits
 from core.api_schema import EmailAddressField
-from core.validators import ONE_LINE, no_crlf, validate_mailbox
+from core.validators import ONE_LINE, TAG_PATTERN, no_crlf, validate_mailbox
 from delivery.models import EmailEvent, Message
 from delivery.services.messages import NewMessage
 
@@ -27,6 +27,14 @@ RESERVED_CONTEXT_KEYS = {
     "emailhub:track_clicks": "is reserved; use the track_clicks field",
     "emailhub:test_send": "is reserved for the admin's test sends",
 }
+
+
+def within_horizon(send_at: datetime) -> datetime:
+    """`send_at`, or a 400 naming EMAILHUB_SCHEDULE_HORIZON_DAYS when it is further ahead."""
+    refusal = limits.beyond_horizon(send_at)
+    if refusal:
+        raise serializers.ValidationError(refusal, code=limits.SCHEDULE_HORIZON.setting)
+    return send_at
 
 
 class MessageCreateSerializer(api_input.Serializer):
@@ -52,6 +60,10 @@ class MessageCreateSerializer(api_input.Serializer):
     # Open pixel / tracked links (docs/delivery.md, "Tracking"); off unless asked for.
     track_opens = serializers.BooleanField(required=False, default=False)
     track_clicks = serializers.BooleanField(required=False, default=False)
+    # Stored with the message, returned with it and with its events, filtered and cancelled by;
+    # never sent to the recipient.
+    tags = api_input.TagsField(required=False)
+    metadata = api_input.MetadataField(required=False)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -66,10 +78,7 @@ class MessageCreateSerializer(api_input.Serializer):
         return value.strip()
 
     def validate_send_at(self, value: datetime) -> datetime:
-        refusal = limits.beyond_horizon(value)
-        if refusal:
-            raise serializers.ValidationError(refusal, code=limits.SCHEDULE_HORIZON.setting)
-        return value
+        return within_horizon(value)
 
     def validate_reply_to(self, value: str) -> str:
         return validate_mailbox(value)
@@ -132,6 +141,8 @@ def new_message(data: dict[str, Any]) -> NewMessage:
         unsubscribe=data["unsubscribe"],
         track_opens=data["track_opens"],
         track_clicks=data["track_clicks"],
+        tags=tuple(data.get("tags") or ()),
+        metadata=data.get("metadata") or None,
     )
 
 
@@ -140,6 +151,8 @@ class MessageSerializer(api_input.ModelSerializer):
     template: serializers.SlugRelatedField = serializers.SlugRelatedField(
         slug_field="name", read_only=True, allow_null=True
     )
+    tags = serializers.ListField(child=serializers.CharField(), read_only=True)
+    metadata = serializers.DictField(child=serializers.CharField(), read_only=True)
 
     class Meta:
         model = Message
@@ -160,11 +173,35 @@ class MessageSerializer(api_input.ModelSerializer):
             "queued_at",
             "due_at",
             "sent_at",
+            "tags",
+            "metadata",
         ]
         read_only_fields = fields
 
+    def to_representation(self, instance: Message) -> dict[str, Any]:
+        data: dict[str, Any] = super().to_representation(instance)
+        return {**data, **_attached(data.get("tags") or _campaign_tags(instance), data.get("metadata"))}
+
+
+def _campaign_tags(message: Message) -> list[str] | None:
+    """A campaign message's tags: its campaign's (annotated by delivery.selectors, else read)."""
+    if message.campaign_id is None:
+        return None
+    if hasattr(message, "campaign_tags"):
+        return message.campaign_tags  # type: ignore[no-any-return]
+    return message.campaign.tags if message.campaign is not None else None
+
+
+def _attached(tags: list[str] | None, metadata: dict[str, str] | None) -> dict[str, Any]:
+    """A message's tags and metadata as the API shows them: [] and {} when it has none."""
+    return {"tags": tags or [], "metadata": metadata or {}}
+
 
 class EmailEventSerializer(api_input.ModelSerializer):
+    # The message's own, on every event of it (delivery.selectors.with_message_tags).
+    tags = serializers.ListField(child=serializers.CharField(), source="message_tags", read_only=True)
+    metadata = serializers.DictField(child=serializers.CharField(), source="message_metadata", read_only=True)
+
     class Meta:
         model = EmailEvent
         fields = [
@@ -179,8 +216,65 @@ class EmailEventSerializer(api_input.ModelSerializer):
             "occurred_at",
             "created_at",
             "payload",
+            "tags",
+            "metadata",
         ]
         read_only_fields = fields
+
+    def to_representation(self, instance: EmailEvent) -> dict[str, Any]:
+        data: dict[str, Any] = super().to_representation(instance)
+        return {**data, **_attached(data.get("tags"), data.get("metadata"))}
+
+
+class MessageRescheduleSerializer(api_input.ClosedSerializer):
+    """`PATCH /api/v1/messages/{id}`: a new send time; now or past sends it at once."""
+
+    required_on_patch = True  # the view validates the whole body (core.api_schema)
+
+    send_at = serializers.DateTimeField()
+
+    def validate_send_at(self, value: datetime) -> datetime:
+        return within_horizon(value)
+
+
+class CancelCarryingSerializer(api_input.ClosedSerializer):
+    """`POST /api/v1/messages/cancel`: cancel the calling key's messages by what it knows."""
+
+    exactly_one_field = True  # tag or idempotency_key (core.api_schema)
+
+    tag = serializers.RegexField(
+        TAG_PATTERN, max_length=128, required=False, help_text="every message carrying this tag"
+    )
+    idempotency_key = serializers.CharField(
+        min_length=1, max_length=255, required=False, trim_whitespace=False,
+        help_text="the message accepted under this Idempotency-Key",
+    )  # fmt: skip
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if len(attrs) != 1:
+            raise serializers.ValidationError(
+                {
+                    "tag": ["give either tag or idempotency_key"],
+                    "idempotency_key": ["give either tag or idempotency_key"],
+                }
+            )
+        return attrs
+
+
+class CancelReportSerializer(serializers.Serializer):
+    cancelled = serializers.IntegerField(help_text="moved to cancelled by this request")
+    already_cancelled = serializers.IntegerField()
+    past_cancelling = serializers.IntegerField(
+        help_text="sending, sent, failed or suppressed: too late to cancel"
+    )
+
+
+class MessageFilterSerializer(api_input.QueryParameters):
+    """The query parameters of GET /api/v1/messages (besides the cursor and page size)."""
+
+    tag = serializers.RegexField(
+        TAG_PATTERN, max_length=128, required=False, help_text="messages carrying this tag"
+    )
 
 
 class EventFilterSerializer(api_input.QueryParameters):
@@ -192,6 +286,12 @@ class EventFilterSerializer(api_input.QueryParameters):
     campaign = serializers.IntegerField(min_value=1, max_value=2**63 - 1, required=False)
     recipient = serializers.CharField(max_length=254, required=False, help_text="an exact address, any case")
     bounce = serializers.ChoiceField(choices=EmailEvent.Bounce.choices, required=False)
+    tag = serializers.RegexField(
+        TAG_PATTERN,
+        max_length=128,
+        required=False,
+        help_text="events of messages carrying this tag",
+    )
     since = serializers.DateTimeField(required=False)  # occurred_at >= since
     until = serializers.DateTimeField(required=False)  # occurred_at < until
 

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from django.db.models import QuerySet
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
@@ -11,23 +13,29 @@ from rest_framework.views import APIView
 from core.api_schema import error_response
 from delivery.api.schemas import ProviderHealthSerializer
 from delivery.api.serializers import (
+    CancelCarryingSerializer,
+    CancelReportSerializer,
     EmailEventSerializer,
     EventFilterSerializer,
     MessageCreateSerializer,
+    MessageFilterSerializer,
+    MessageRescheduleSerializer,
     MessageSerializer,
     new_message,
 )
 from delivery.api.serializing import represented, validated
-from delivery.exceptions import IdempotencyConflict
+from delivery.exceptions import IdempotencyConflict, MessageNotChangeable
 from delivery.models import ApiKey, ApiKeyScope, EmailEvent, Message
 from delivery.permissions import request_key
 from delivery.selectors import (
     events_matching,
     events_of,
+    messages_tagged,
     messages_visible_to,
     provider_chains,
     provider_health,
 )
+from delivery.services import message_changes
 from delivery.services.messages import accept_message, request_fingerprint
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
@@ -39,10 +47,17 @@ class MessageListView(mixins.ListModelMixin, generics.GenericAPIView):
     serializer_class = MessageSerializer
 
     def get_queryset(self) -> QuerySet[Message]:
-        return messages_visible_to(request_key(self.request))
+        messages = messages_visible_to(request_key(self.request))
+        filters = MessageFilterSerializer(data=self.request.query_params)
+        filters.is_valid(raise_exception=True)
+        if "tag" in filters.validated_data:
+            messages = messages_tagged(messages, filters.validated_data["tag"])
+        return messages
 
+    @extend_schema(parameters=[MessageFilterSerializer])
     def get(self, request: Request) -> Response:
-        """The key's own messages, newest first (every key's with `manage`)."""
+        """The key's own messages, newest first (every key's with `manage`); `tag` narrows them
+        to those carrying it."""
         return self.list(request)
 
     @extend_schema(
@@ -114,13 +129,92 @@ class MessageListView(mixins.ListModelMixin, generics.GenericAPIView):
         return response
 
 
+# The 409 of a cancel or a reschedule that comes too late.
+NOT_CHANGEABLE = error_response(
+    409, "the message was handed to a provider or is finished (the message says its status)"
+)
+
+
+def _changed(request: Request, message_id: int, change: Callable[[Message], Message]) -> Response:
+    """`change` applied to the key's message `message_id` (404 if it may not see it): 200 with
+    the message as it is now, or the 409 of a change that came too late."""
+    message = get_object_or_404(messages_visible_to(request_key(request)), pk=message_id)
+    try:
+        message = change(message)
+    except MessageNotChangeable as exc:
+        return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
+    return Response(MessageSerializer(message).data)
+
+
 class MessageDetailView(APIView):
-    required_scopes = {"GET": (ApiKeyScope.READ, ApiKeyScope.MANAGE)}
+    # Rescheduling one's own message is the sending application's; `manage` may move any.
+    required_scopes = {
+        "GET": (ApiKeyScope.READ, ApiKeyScope.MANAGE),
+        "PATCH": (ApiKeyScope.SEND, ApiKeyScope.MANAGE),
+    }
 
     @extend_schema(responses={200: MessageSerializer})
     def get(self, request: Request, message_id: int) -> Response:
         message = get_object_or_404(messages_visible_to(request_key(request)), pk=message_id)
         return Response(MessageSerializer(message).data)
+
+    @extend_schema(
+        request=MessageRescheduleSerializer,
+        responses={200: MessageSerializer, 409: NOT_CHANGEABLE},
+        examples=[
+            OpenApiExample("Send tomorrow instead", {"send_at": "2026-12-07T09:00:00Z"}, request_only=True)
+        ],
+    )
+    def patch(self, request: Request, message_id: int) -> Response:
+        """Reschedule a message that has not been handed to a provider (`scheduled`, `queued`,
+        `retry_wait`): a future `send_at` schedules it then (its old due instant never fires
+        it); now or past queues it at once."""
+        send_at = validated(MessageRescheduleSerializer, request.data)["send_at"]
+        return _changed(request, message_id, lambda message: message_changes.reschedule(message, send_at))
+
+
+class MessageCancelView(APIView):
+    required_scopes = {"POST": (ApiKeyScope.SEND, ApiKeyScope.MANAGE)}
+
+    @extend_schema(
+        operation_id="v1_messages_cancel_one",
+        request=None,
+        responses={200: MessageSerializer, 409: NOT_CHANGEABLE},
+    )
+    def post(self, request: Request, message_id: int) -> Response:
+        """Cancel a message that has not been handed to a provider: it is never sent. Cancelling
+        a cancelled message again answers 200; one `sending`, sent or otherwise finished is a 409
+        naming its status."""
+        return _changed(request, message_id, message_changes.cancel_message)
+
+
+class MessageCancelCarryingView(APIView):
+    required_scopes = {"POST": (ApiKeyScope.SEND, ApiKeyScope.MANAGE)}
+
+    @extend_schema(
+        operation_id="v1_messages_cancel_carrying",
+        request=CancelCarryingSerializer,
+        responses={200: CancelReportSerializer},
+        examples=[
+            OpenApiExample("The user completed the action", {"tag": "reminder:user-42"}, request_only=True),
+            OpenApiExample(
+                "By the Idempotency-Key it was sent with",
+                {"idempotency_key": "order-1234"},
+                request_only=True,
+            ),
+            OpenApiExample(
+                "Report", {"cancelled": 2, "already_cancelled": 0, "past_cancelling": 1}, response_only=True
+            ),
+        ],
+    )
+    def post(self, request: Request) -> Response:
+        """Cancel every message of the calling key that carries `tag` (or was accepted under
+        `idempotency_key`) and has not been handed to a provider, in one statement however many
+        match; answers how many moved, how many were cancelled before, and how many were past
+        cancelling. Other keys' messages are never touched (not even with `manage`)."""
+        data = validated(CancelCarryingSerializer, request.data)
+        report = message_changes.cancel_carrying(request_key(request), **data)
+        return Response(CancelReportSerializer(report).data)
 
 
 class ProviderHealthView(APIView):

@@ -39,6 +39,9 @@ class NewMessage:
     track_clicks: bool = False
     # An operator's test send (delivery.services.test_sends): their user name.
     test_send_by: str | None = None
+    # What the application attaches to recognise the message (never sent in a header).
+    tags: tuple[str, ...] = ()
+    metadata: dict[str, str] | None = None
 
 
 def request_fingerprint(body: Any) -> str:
@@ -120,6 +123,8 @@ def _columns(
         "track_opens": new.track_opens,
         "track_clicks": new.track_clicks,
         "test_send_by": new.test_send_by,
+        "tags": list(new.tags) or None,
+        "metadata": new.metadata or None,
         "priority": new.priority,
         "status": MessageStatus.SCHEDULED if scheduled else MessageStatus.QUEUED,
         "due_at": new.send_at if scheduled else None,

@@ -68,6 +68,8 @@ NEW_COLUMNS = {
     "track_opens": "boolean",
     "track_clicks": "boolean",
     "test_send_by": "text",
+    "tags": "jsonb",
+    "metadata": "jsonb",
     "priority": "text",
     "status": "text",
     "due_at": "timestamptz",
@@ -75,6 +77,8 @@ NEW_COLUMNS = {
     "idempotency_key": "text",
     "request_fingerprint": "text",
 }
+# Positions of the jsonb columns in NEW_COLUMNS: their values travel as JSON text.
+_JSONB = [index for index, kind in enumerate(NEW_COLUMNS.values()) if kind == "jsonb"]
 _INSERT_MANY_SQL = f"""
 INSERT INTO delivery_message (api_key_id, {", ".join(NEW_COLUMNS)})
 SELECT %s, {", ".join(f"u.{name}::{kind}" if kind == "jsonb" else f"u.{name}" for name, kind in NEW_COLUMNS.items())}
@@ -99,8 +103,8 @@ def insert_many(api_key_id: int | None, rows: Sequence[dict[str, Any]]) -> list[
     for row in rows:
         for values, name in zip(columns, NEW_COLUMNS, strict=True):
             values.append(row[name])
-    context = list(NEW_COLUMNS).index("context")
-    columns[context] = [None if value is None else json.dumps(value) for value in columns[context]]
+    for index in _JSONB:
+        columns[index] = [None if value is None else json.dumps(value) for value in columns[index]]
     with connection.cursor() as db:
         db.execute(_INSERT_MANY_SQL, [api_key_id, *columns])
         return db.fetchall()
@@ -129,9 +133,9 @@ def insert_one(
     it inside the statement that also records its send task (send_tasks.insert_with_send).
     """
     params = [api_key_id, *(row[name] for name in NEW_COLUMNS)]
-    context = 1 + list(NEW_COLUMNS).index("context")
-    if params[context] is not None:
-        params[context] = json.dumps(params[context])
+    for index in _JSONB:
+        if params[1 + index] is not None:
+            params[1 + index] = json.dumps(params[1 + index])
     if run is not None:
         inserted = run(_INSERT_ONE_SQL, params)
     else:
@@ -737,6 +741,92 @@ def cancel(message_ids: Sequence[int], reason: str) -> list[tuple[int, int | Non
             [list(message_ids), list(CANCELLABLE), reason],
         )
         return db.fetchall()
+
+
+# What a cancel by tag or idempotency key matches among one key's messages (the key's own only:
+# campaign rows have no key). One statement: the matched rows, the cancellable ones locked and
+# re-checked (a row a worker claimed meanwhile is no longer cancellable), the UPDATE, the counts.
+_CANCEL_CARRYING_SQL = f"""
+WITH matched AS (
+    SELECT id, status FROM delivery_message WHERE api_key_id = %s AND {{condition}}
+), target AS (
+    SELECT m.id, m.status FROM delivery_message AS m
+     WHERE m.id IN (SELECT id FROM matched WHERE status = ANY(%s)) AND m.status = ANY(%s)
+     ORDER BY m.id
+       FOR UPDATE
+), moved AS (
+    UPDATE delivery_message AS m
+       SET status = {MSG.CANCELLED}, last_error = %s
+      FROM target
+     WHERE m.id = target.id
+    RETURNING m.id, target.status
+)
+SELECT coalesce((SELECT array_agg(id ORDER BY id) FROM moved WHERE status <> {MSG.QUEUED}), '{{{{}}}}'),
+       (SELECT count(*) FROM moved),
+       (SELECT count(*) FROM matched WHERE status = {MSG.CANCELLED}),
+       (SELECT count(*) FROM matched)
+"""
+_CARRYING = {
+    "tag": "tags @> jsonb_build_array(%s::text)",  # message_tags_idx
+    "idempotency_key": "idempotency_key = %s",  # uniq_idempotency_key
+}
+
+
+@dataclass
+class CancelledCarrying:
+    indexed: list[int]  # ids cancelled that had a unit in the schedule index (scheduled, retry_wait)
+    cancelled: int
+    already_cancelled: int
+    matched: int
+
+
+def cancel_carrying(api_key_id: int, what: str, value: str, reason: str) -> CancelledCarrying:
+    """Cancel every cancellable message of this API key whose `what` ("tag" or
+    "idempotency_key") is `value`, however many: one statement."""
+    cancellable = list(CANCELLABLE)
+    with connection.cursor() as db:
+        db.execute(
+            _CANCEL_CARRYING_SQL.format(condition=_CARRYING[what]),
+            [api_key_id, value, cancellable, cancellable, reason],
+        )
+        indexed, cancelled, already, matched = db.fetchone()
+    return CancelledCarrying(list(indexed), cancelled, already, matched)
+
+
+# --- scheduled | queued | retry_wait → another send time -----------------------------------------
+
+_RESCHEDULE_SQL = """
+WITH target AS (
+    SELECT id, status FROM delivery_message
+     WHERE id = %s AND campaign_id IS NULL AND status = ANY(%s)
+       FOR UPDATE
+)
+UPDATE delivery_message AS m
+   SET status = {status}, due_at = {due_at}, queued_at = {queued_at}
+  FROM target
+ WHERE m.id = target.id
+RETURNING target.status, m.priority
+"""
+_TO_LATER = _RESCHEDULE_SQL.format(status=MSG.SCHEDULED, due_at="%s", queued_at="NULL")
+# A queued message keeps its queued_at (and the send task it has); any other gets a task now.
+_TO_NOW = _RESCHEDULE_SQL.format(
+    status=MSG.QUEUED,
+    due_at="NULL",
+    queued_at=f"CASE WHEN target.status = {MSG.QUEUED} THEN m.queued_at ELSE clock_timestamp() END",
+)
+
+
+def reschedule(message_id: int, due_at: datetime | None) -> tuple[str, str] | None:
+    """Move an API message that has not started sending to `due_at` (`scheduled`), or to now
+    (`queued`) when None. Returns (the status it had, its priority), or None when it was not
+    cancellable (sending, final) or is a campaign's."""
+    with connection.cursor() as db:
+        if due_at is None:
+            db.execute(_TO_NOW, [message_id, list(CANCELLABLE)])
+        else:
+            db.execute(_TO_LATER, [message_id, list(CANCELLABLE), due_at])
+        row = db.fetchone()
+    return None if row is None else (row[0], row[1])
 
 
 @dataclass
