@@ -116,6 +116,8 @@ class Message(models.Model):
     # and carry their campaign's tags (Campaign.tags), so fan-out writes no copy per row.
     tags = models.JSONField(null=True, blank=True)
     metadata = models.JSONField(null=True, blank=True)
+    # Headers the application adds (delivery.headers says which it may), sent unchanged.
+    headers = models.JSONField(null=True, blank=True)
 
     priority = models.CharField(max_length=8, choices=Priority.choices, default=Priority.NORMAL)
     status = models.CharField(

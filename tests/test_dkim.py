@@ -363,3 +363,25 @@ def test_header_canonicalization_shortcuts_agree_with_the_plain_rfc_rules() -> N
             for name in (b"Subject", b"SUBJECT \t"):
                 line = name + b":" + b"".join(symbols)
                 assert canonicalize_header(line) == literal(line), line
+
+
+def test_an_applications_threading_headers_are_signed_and_its_own_are_sent_unsigned(
+    smtp: SMTPTestServer, dkim_setting: str
+) -> None:
+    own = {
+        "In-Reply-To": "<order-1@shop.example.com>",
+        "References": "<order-1@shop.example.com> <r-2@shop.example.com>",
+        "List-Id": "Orders <orders.shop.example.com>",
+        "X-Entity-Ref-ID": "order-1",
+    }
+    received = send_and_receive(smtp, email(headers=own))
+    assert verify_each(received, fake_dns(dkim_setting)) == [True, True]
+    for tags in signatures(received):
+        names = tags["h"].split(":")
+        assert (
+            names.count("in-reply-to") == 2 and names.count("references") == 2 and names.count("list-id") == 2
+        )
+        assert "x-entity-ref-id" not in names
+    # Changing a signed header the application set breaks the signature, as for ours.
+    forged = received.replace(b"In-Reply-To: <order-1@", b"In-Reply-To: <order-9@")
+    assert verify_each(forged, fake_dns(dkim_setting)) == [False, False]

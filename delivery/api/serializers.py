@@ -6,13 +6,14 @@ from datetime import datetime
 from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.core.validators import validate_email
+from django.core.validators import MaxLengthValidator, validate_email
 from rest_framework import serializers
 
 from campaigns.models import Priority, Template
 from core import api_input, limits
 from core.api_schema import EmailAddressField
 from core.validators import ONE_LINE, TAG_PATTERN, no_crlf, validate_mailbox
+from delivery.headers import MAX_HEADERS, header_problems
 from delivery.models import EmailEvent, Message
 from delivery.services.messages import NewMessage
 
@@ -64,6 +65,13 @@ class MessageCreateSerializer(api_input.Serializer):
     # never sent to the recipient.
     tags = api_input.TagsField(required=False)
     metadata = api_input.MetadataField(required=False)
+    # Extra headers sent unchanged (In-Reply-To, References, X-Entity-Ref-ID…); those emailhub
+    # writes or that change routing or authentication are refused (delivery.headers).
+    headers = serializers.DictField(
+        child=serializers.CharField(allow_blank=True, trim_whitespace=False),
+        required=False,
+        validators=[MaxLengthValidator(MAX_HEADERS, message=f"at most {MAX_HEADERS} headers")],
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -82,6 +90,12 @@ class MessageCreateSerializer(api_input.Serializer):
 
     def validate_reply_to(self, value: str) -> str:
         return validate_mailbox(value)
+
+    def validate_headers(self, value: dict[str, str]) -> dict[str, str]:
+        problems = header_problems(value)
+        if problems:
+            raise serializers.ValidationError({name: [why] for name, why in problems.items()})
+        return value
 
     def validate_context(self, value: dict[str, Any]) -> dict[str, Any]:
         for key, refusal in RESERVED_CONTEXT_KEYS.items():
@@ -143,6 +157,7 @@ def new_message(data: dict[str, Any]) -> NewMessage:
         track_clicks=data["track_clicks"],
         tags=tuple(data.get("tags") or ()),
         metadata=data.get("metadata") or None,
+        headers=data.get("headers") or None,
     )
 
 

@@ -112,11 +112,11 @@ def _compile(template: Template, *, footer: bool) -> _Compiled:
 
 def _compose_one(m: ClaimedMessage, batch: _Batch) -> OutgoingEmail | str:
     """One message's email, or why it cannot be built."""
-    headers: dict[str, str] = {}
+    headers: dict[str, str] = dict(m.headers or {})  # the application's own (delivery.headers)
     link = None
     if wants_unsubscribe(m.campaign_id, m.list_unsubscribe):
         link = unsubscribe_url(m.id, batch.issued_at)
-        headers = list_unsubscribe_headers(link)
+        headers.update(list_unsubscribe_headers(link))
     opens, clicks = _tracking(m, batch.tracking)
     if m.template_id:
         parts = _from_template(m, batch, link, opens=opens, clicks=clicks)

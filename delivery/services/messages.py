@@ -42,6 +42,8 @@ class NewMessage:
     # What the application attaches to recognise the message (never sent in a header).
     tags: tuple[str, ...] = ()
     metadata: dict[str, str] | None = None
+    # Extra headers, sent unchanged (delivery.headers says which may be given).
+    headers: dict[str, str] | None = None
 
 
 def request_fingerprint(body: Any) -> str:
@@ -125,6 +127,7 @@ def _columns(
         "test_send_by": new.test_send_by,
         "tags": list(new.tags) or None,
         "metadata": new.metadata or None,
+        "headers": new.headers or None,
         "priority": new.priority,
         "status": MessageStatus.SCHEDULED if scheduled else MessageStatus.QUEUED,
         "due_at": new.send_at if scheduled else None,

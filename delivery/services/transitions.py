@@ -70,6 +70,7 @@ NEW_COLUMNS = {
     "test_send_by": "text",
     "tags": "jsonb",
     "metadata": "jsonb",
+    "headers": "jsonb",
     "priority": "text",
     "status": "text",
     "due_at": "timestamptz",
@@ -367,7 +368,7 @@ MARKETING_SQL = "(m.campaign_id IS NOT NULL OR m.list_unsubscribe)"
 # migration and a wider row on the hottest table.
 _CLAIM_RETURNING = f"""m.id, m.campaign_id, m.contact_id, m.template_id, m.to_email, m.from_email,
           m.reply_to, m.subject, m.html, m.text, m.context, m.list_unsubscribe, m.track_opens,
-          m.track_clicks, m.priority, m.attempts,
+          m.track_clicks, m.headers, m.priority, m.attempts,
           {suppressed_sql("m.to_email", marketing=MARKETING_SQL)}, m.claimed_at"""
 _CLAIM_SQL = f"""
 UPDATE delivery_message AS m
@@ -411,7 +412,7 @@ RETURNING {_CLAIM_RETURNING}
 _CLAIM_COLUMNS = (
     "id", "campaign_id", "contact_id", "template_id", "to_email", "from_email", "reply_to",
     "subject", "html", "text", "context", "list_unsubscribe", "track_opens", "track_clicks",
-    "priority", "attempts", "suppressed", "claimed_at",
+    "headers", "priority", "attempts", "suppressed", "claimed_at",
 )  # fmt: skip
 
 
@@ -431,10 +432,18 @@ class ClaimedMessage:
     list_unsubscribe: bool
     track_opens: bool
     track_clicks: bool
+    headers: Any  # the application's own headers (a dict), or None
     priority: str
     attempts: int
     suppressed: bool
     claimed_at: datetime  # the claim's token: the same for every message of one claim
+
+    def __post_init__(self) -> None:
+        # Raw SQL hands back jsonb as text.
+        if isinstance(self.context, str):
+            self.context = json.loads(self.context)
+        if isinstance(self.headers, str):
+            self.headers = json.loads(self.headers)
 
 
 def claim(message_ids: Sequence[int]) -> list[ClaimedMessage]:
@@ -444,11 +453,7 @@ def claim(message_ids: Sequence[int]) -> list[ClaimedMessage]:
     with connection.cursor() as db:
         db.execute(_CLAIM_SQL, [list(message_ids)])
         rows = db.fetchall()
-    claimed = [ClaimedMessage(**dict(zip(_CLAIM_COLUMNS, row, strict=True))) for row in rows]
-    for message in claimed:
-        if isinstance(message.context, str):  # raw SQL hands back jsonb as text
-            message.context = json.loads(message.context)
-    return claimed
+    return [ClaimedMessage(**dict(zip(_CLAIM_COLUMNS, row, strict=True))) for row in rows]
 
 
 _CLAIM_POOL_ORDER: dict[str, str] = {
@@ -470,9 +475,6 @@ def claim_pool(own_ids: Sequence[int], priority: str, limit: int) -> list[Claime
         )
         rows = db.fetchall()
     claimed = [ClaimedMessage(**dict(zip(_CLAIM_COLUMNS, row, strict=True))) for row in rows]
-    for message in claimed:
-        if isinstance(message.context, str):
-            message.context = json.loads(message.context)
     # The order the claim's scans took them in (UPDATE … RETURNING keeps none): sent in this order.
     claimed.sort(key=lambda m: (m.priority != Priority.CRITICAL, m.campaign_id is not None, m.id))
     return claimed
