@@ -16,6 +16,7 @@ error shape's `limit` member (`{"name": setting, "value": n}`), with `code: limi
   (drf-spectacular reads a MaxLengthValidator's limit); no JSON Schema keyword bounds bytes.
 - `MESSAGE_TAGS`/`TAG_LENGTH`, `METADATA_KEYS`/`METADATA_BYTES`: a message's `tags` (how many,
   how long each) and its flat string `metadata` (keys, compact UTF-8 JSON bytes).
+- `MESSAGE_RECIPIENTS`: a message's `to`, `cc` and `bcc` together.
 """
 
 from __future__ import annotations
@@ -52,10 +53,11 @@ MESSAGE_TAGS = Limit("EMAILHUB_MESSAGE_MAX_TAGS")
 TAG_LENGTH = Limit("EMAILHUB_TAG_MAX_LENGTH")
 METADATA_KEYS = Limit("EMAILHUB_METADATA_MAX_KEYS")
 METADATA_BYTES = Limit("EMAILHUB_METADATA_MAX_BYTES")
+MESSAGE_RECIPIENTS = Limit("EMAILHUB_MESSAGE_MAX_RECIPIENTS")
 
 LIMITS = {limit.setting: limit for limit in (SCHEDULE_HORIZON, CONTEXT_KEYS, CONTEXT_BYTES, ATTRIBUTES_KEYS,
                                              ATTRIBUTES_BYTES, MESSAGE_TAGS, TAG_LENGTH, METADATA_KEYS,
-                                             METADATA_BYTES)}  # fmt: skip
+                                             METADATA_BYTES, MESSAGE_RECIPIENTS)}  # fmt: skip
 
 
 def beyond_horizon(instant: datetime, *, now: datetime | None = None) -> str | None:

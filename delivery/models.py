@@ -93,6 +93,10 @@ class Message(models.Model):
     )
 
     to_email = models.CharField(max_length=254)
+    # Copies (JSON arrays of addresses, NULL when none): cc in the Cc header, bcc in no header.
+    # `to_email` is the message's recipient: its status, suppression and campaign row follow it.
+    cc = models.JSONField(null=True, blank=True)
+    bcc = models.JSONField(null=True, blank=True)
     from_email = models.CharField(max_length=254, null=True, blank=True)
     reply_to = models.CharField(max_length=254, null=True, blank=True)
     subject = models.TextField(null=True, blank=True)

@@ -387,6 +387,9 @@ EMAILHUB_MESSAGE_MAX_TAGS = env_int("EMAILHUB_MESSAGE_MAX_TAGS", 10, minimum=1)
 EMAILHUB_TAG_MAX_LENGTH = env_int("EMAILHUB_TAG_MAX_LENGTH", 128, minimum=16)
 EMAILHUB_METADATA_MAX_KEYS = env_int("EMAILHUB_METADATA_MAX_KEYS", 20, minimum=1)
 EMAILHUB_METADATA_MAX_BYTES = env_int("EMAILHUB_METADATA_MAX_BYTES", 2048, minimum=256)
+# Recipients of one message, `to` with its `cc` and `bcc`: SES takes at most 50 a message
+# (SendGrid 1,000 a personalization), so a message any provider of the chain can take.
+EMAILHUB_MESSAGE_MAX_RECIPIENTS = env_int("EMAILHUB_MESSAGE_MAX_RECIPIENTS", 50, minimum=1)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["delivery.authentication.ApiKeyAuthentication"],

@@ -101,8 +101,14 @@ CSV = "a CSV whose header row names an email column"
 SIGNED = "a notification the provider signed (SNS, SendGrid's Signed Event Webhook)"
 BODY = "(body)"  # an error that names no field: the request as a whole
 
+HEADERS = ("header names emailhub owns or that change routing (From, Content-*, X-SES-*…) and RFC 5322 field "
+           "names: OpenAPI 3.0 has no propertyNames")  # fmt: skip
+RECIPIENTS = ("no address twice among to, cc and bcc, and EMAILHUB_MESSAGE_MAX_RECIPIENTS across the three: "
+              "relations between fields")  # fmt: skip
 _MESSAGE = {"to": EMAIL, "from": MAILBOX, "reply_to": MAILBOX, "template": f"{EXISTING}; {CONTENT}",
-            "subject": CONTENT, "text": CONTENT, "send_at": SCHEDULE, "context": f"{BYTES}; {RESERVED}"}  # fmt: skip
+            "subject": CONTENT, "text": CONTENT, "send_at": SCHEDULE, "context": f"{BYTES}; {RESERVED}",
+            "metadata": BYTES, "headers": HEADERS, "cc": RECIPIENTS, "bcc": RECIPIENTS,
+            "cc.*": f"{EMAIL}; {RECIPIENTS}", "bcc.*": f"{EMAIL}; {RECIPIENTS}"}  # fmt: skip
 _CONTACT = {"email": f"{EMAIL}; {TAKEN}", "timezone": TIMEZONE, "attributes": BYTES}
 _TEMPLATE = {"name": TAKEN, "subject": SYNTAX, "html": SYNTAX, "text": SYNTAX}
 _CAMPAIGN = {"template": EXISTING, "contact_list": EXISTING, "from_email": MAILBOX}
@@ -122,6 +128,7 @@ UNEXPRESSIBLE: dict[tuple[str, int], dict[str, str]] = {
     ("GET /api/v1/events", 400): {"cursor": CURSOR, "until": SINCE_UNTIL},
     ("POST /api/v1/messages", 400): _MESSAGE,
     ("POST /api/v1/messages", 422): {"Idempotency-Key": IDEMPOTENCY},
+    ("PATCH /api/v1/messages/{message_id}", 400): {"send_at": SCHEDULE},
     ("POST /api/v1/messages/batch", 400): {f"messages.*.{field}": why for field, why in _MESSAGE.items()},
     ("POST /api/v1/messages/batch", 422): {"messages.*.idempotency_key": IDEMPOTENCY},
     ("POST /api/v1/contacts", 400): _CONTACT,

@@ -38,8 +38,57 @@ def within_horizon(send_at: datetime) -> datetime:
     return send_at
 
 
+def _recipient(value: str) -> str:
+    """An address of `to`, `cc` or `bcc`: one bare address (a path, RFC 5321 §4.1.2)."""
+    no_crlf(value)
+    try:
+        validate_email(value)
+    except DjangoValidationError:
+        raise serializers.ValidationError(f"{value!r} is not a valid email address") from None
+    return value.strip()
+
+
+def _copies(addresses: list[str]) -> list[str]:
+    errors: dict[str, Any] = {}
+    for index, address in enumerate(addresses):
+        try:
+            _recipient(address)
+        except serializers.ValidationError as exc:
+            errors[str(index)] = exc.detail
+    if errors:
+        raise serializers.ValidationError(errors)
+    return [address.strip() for address in addresses]
+
+
+def _check_recipients(attrs: dict[str, Any]) -> None:
+    """`to`, `cc` and `bcc` together: within EMAILHUB_MESSAGE_MAX_RECIPIENTS, and no address
+    twice (any case): SendGrid refuses a personalization that repeats one, and a copy to the
+    recipient, or a cc that is also a bcc, says nothing either way."""
+    copies = {name: attrs.get(name) or [] for name in ("cc", "bcc")}
+    total = 1 + len(copies["cc"]) + len(copies["bcc"])
+    limit = limits.MESSAGE_RECIPIENTS
+    if total > limit.value():
+        raise serializers.ValidationError(
+            {"cc" if copies["cc"] else "bcc": [serializers.ErrorDetail(
+                f"to, cc and bcc are {total} recipients; at most {limit.value()} ({limit.setting})",
+                code=limit.setting,
+            )]}
+        )  # fmt: skip
+    seen = {attrs["to"].lower()} if "to" in attrs else set()
+    for name, addresses in copies.items():
+        for index, address in enumerate(addresses):
+            if address.lower() in seen:
+                raise serializers.ValidationError(
+                    {name: {str(index): [f"{address!r} is already a recipient"]}}
+                )
+            seen.add(address.lower())
+
+
 class MessageCreateSerializer(api_input.Serializer):
     to = EmailAddressField(max_length=254)
+    # Copies, each validated like `to`; with `to` at most EMAILHUB_MESSAGE_MAX_RECIPIENTS.
+    cc = serializers.ListField(child=EmailAddressField(max_length=254), required=False)
+    bcc = serializers.ListField(child=EmailAddressField(max_length=254), required=False)
     # `from` is a keyword in Python, so the field is added under its JSON name in __init__.
     reply_to = serializers.CharField(max_length=254, required=False)
     subject = serializers.CharField(
@@ -78,12 +127,13 @@ class MessageCreateSerializer(api_input.Serializer):
         self.fields["from"] = serializers.CharField(max_length=254, required=False)
 
     def validate_to(self, value: str) -> str:
-        no_crlf(value)
-        try:
-            validate_email(value)
-        except DjangoValidationError:
-            raise serializers.ValidationError(f"{value!r} is not a valid email address") from None
-        return value.strip()
+        return _recipient(value)
+
+    def validate_cc(self, value: list[str]) -> list[str]:
+        return _copies(value)
+
+    def validate_bcc(self, value: list[str]) -> list[str]:
+        return _copies(value)
 
     def validate_send_at(self, value: datetime) -> datetime:
         return within_horizon(value)
@@ -94,7 +144,7 @@ class MessageCreateSerializer(api_input.Serializer):
     def validate_headers(self, value: dict[str, str]) -> dict[str, str]:
         problems = header_problems(value)
         if problems:
-            raise serializers.ValidationError({name: [why] for name, why in problems.items()})
+            raise serializers.ValidationError([f"{name!r} {why}" for name, why in problems.items()])
         return value
 
     def validate_context(self, value: dict[str, Any]) -> dict[str, Any]:
@@ -116,6 +166,7 @@ class MessageCreateSerializer(api_input.Serializer):
         return template
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        _check_recipients(attrs)
         raw_from = self.initial_data.get("from") if isinstance(self.initial_data, dict) else None
         if raw_from is not None:
             try:
@@ -158,6 +209,8 @@ def new_message(data: dict[str, Any]) -> NewMessage:
         tags=tuple(data.get("tags") or ()),
         metadata=data.get("metadata") or None,
         headers=data.get("headers") or None,
+        cc=tuple(data.get("cc") or ()),
+        bcc=tuple(data.get("bcc") or ()),
     )
 
 
@@ -168,6 +221,8 @@ class MessageSerializer(api_input.ModelSerializer):
     )
     tags = serializers.ListField(child=serializers.CharField(), read_only=True)
     metadata = serializers.DictField(child=serializers.CharField(), read_only=True)
+    cc = serializers.ListField(child=EmailAddressField(), read_only=True)
+    bcc = serializers.ListField(child=EmailAddressField(), read_only=True)
 
     class Meta:
         model = Message
@@ -190,11 +245,14 @@ class MessageSerializer(api_input.ModelSerializer):
             "sent_at",
             "tags",
             "metadata",
+            "cc",
+            "bcc",
         ]
         read_only_fields = fields
 
     def to_representation(self, instance: Message) -> dict[str, Any]:
         data: dict[str, Any] = super().to_representation(instance)
+        data["cc"], data["bcc"] = data.get("cc") or [], data.get("bcc") or []
         return {**data, **_attached(data.get("tags") or _campaign_tags(instance), data.get("metadata"))}
 
 

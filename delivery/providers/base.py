@@ -48,6 +48,19 @@ class OutgoingEmail:
     html: str
     reply_to: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    # Copies: cc named in the Cc header, bcc in no header; each provider gives them its own
+    # way (SMTP envelope, SES Destination, SendGrid personalization).
+    cc: tuple[str, ...] = ()
+    bcc: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class CopyRefused:
+    """A cc or bcc address the provider refused while the message itself went on."""
+
+    address: str
+    error: str
+    permanent: bool  # 5xx: the address is suppressed, as a bounced `to` is
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,10 +74,14 @@ class SendResult:
     # Set when the provider did not try this email at all (rate limited, no quota): it could be
     # tried in this many seconds, and trying it later costs the message no attempt.
     retry_after: float | None = None
+    # Accepted: the copies the provider refused (the message went to the others).
+    refused_copies: tuple[CopyRefused, ...] = ()
 
     @classmethod
-    def accepted(cls, provider_message_id: str | None) -> SendResult:
-        return cls(Outcome.ACCEPTED, provider_message_id)
+    def accepted(
+        cls, provider_message_id: str | None, refused_copies: tuple[CopyRefused, ...] = ()
+    ) -> SendResult:
+        return cls(Outcome.ACCEPTED, provider_message_id, refused_copies=refused_copies)
 
     @classmethod
     def transient(cls, error: str) -> SendResult:

@@ -18,6 +18,7 @@ import hashlib
 import hmac
 import re
 import uuid
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from email.header import Header
 from email.utils import format_datetime, formataddr, parseaddr
@@ -58,6 +59,17 @@ def _header(name: str, value: str) -> bytes:
     # RFC 2047 encoded-words, folded; Header knows both.
     encoded = Header(value, "utf-8", header_name=name).encode(linesep="\r\n")
     return f"{name}: {encoded}".encode("ascii")
+
+
+def _addresses_header(name: str, values: Sequence[str]) -> bytes:
+    """A header of bare addresses (the API's cc), one per line: folded after each comma
+    (RFC 5322 §3.2.2), so fifty addresses never make a line over 78 characters."""
+    addresses = []
+    for value in values:
+        if "\r" in value or "\n" in value or "@" not in value:
+            raise ValueError(f"{name} {value!r} is not an address")
+        addresses.append(ascii_address(value.strip()))
+    return (name + ": " + ",\r\n ".join(addresses)).encode("ascii")
 
 
 def _address_header(name: str, value: str) -> bytes:
@@ -155,6 +167,8 @@ def render(email: OutgoingEmail, *, message_id_domain: str) -> tuple[str, bytes]
         _header("Date", format_datetime(datetime.now(UTC))),
         _address_header("From", email.from_email),
         _address_header("To", email.to),
+        # Bcc is never written: the envelope (or the provider's API) alone carries it.
+        *([_addresses_header("Cc", email.cc)] if email.cc else []),
         _header("Subject", email.subject),
     ]
     if email.reply_to:

@@ -125,6 +125,11 @@ class SendGridProvider(Provider):
         for email in group:
             personalization: dict[str, Any] = {
                 "to": [_address(email.to)],
+                # Copies are per personalization: every recipient of a shared request gets
+                # exactly its own (SendGrid refuses an address twice in one, which the API
+                # refuses first).
+                **({"cc": [_address(a) for a in email.cc]} if email.cc else {}),
+                **({"bcc": [_address(a) for a in email.bcc]} if email.bcc else {}),
                 "subject": email.subject,
                 "custom_args": {"emailhub_id": str(email.message_id)},
                 # This email's own headers (check() refused the reserved ones), and the same

@@ -75,7 +75,11 @@ class SESProvider(Provider):
         _, data = render(email, message_id_domain=self.message_id_domain)
         request: dict = {
             "FromEmailAddress": bare_address(email.from_email),
-            "Destination": {"ToAddresses": [ascii_address(email.to)]},
+            "Destination": {
+                "ToAddresses": [ascii_address(email.to)],
+                "CcAddresses": [ascii_address(address) for address in email.cc],
+                "BccAddresses": [ascii_address(address) for address in email.bcc],
+            },
             "Content": {"Raw": {"Data": data}},
         }
         if self.configuration_set:

@@ -35,7 +35,15 @@ from django.conf import settings
 
 from delivery.exceptions import ProviderThrottled, ProviderUnavailable
 from delivery.providers import smtp_replies as replies
-from delivery.providers.base import Guard, OutgoingEmail, Provider, SendResult, gone_part_way
+from delivery.providers.base import (
+    CopyRefused,
+    Guard,
+    Outcome,
+    OutgoingEmail,
+    Provider,
+    SendResult,
+    gone_part_way,
+)
 from delivery.providers.dkim import DkimSigner
 from delivery.providers.mime import ascii_address, bare_address, render
 from delivery.providers.smtp_replies import Reply
@@ -52,8 +60,11 @@ class _Prepared:
 
     id: int
     message_id: str
-    envelope: tuple[bytes, bytes, bytes]  # the MAIL FROM, RCPT TO and DATA command lines
+    # The MAIL FROM, RCPT TO and DATA command lines: a RCPT TO for the recipient, then one per
+    # copy (cc, then bcc), whose addresses `copies` lists in that order.
+    envelope: tuple[bytes, tuple[bytes, ...], bytes]
     content: bytes  # dot-stuffed, ending in CRLF.CRLF
+    copies: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)
@@ -62,6 +73,11 @@ class _Open:
 
     message: _Prepared
     failure: SendResult | None  # refused at RCPT by a server that still said 354 to DATA
+    # The copies the server refused at RCPT while it took the recipient: the message goes on.
+    refused_copies: tuple[CopyRefused, ...] = ()
+    # Its recipient refused while a copy was taken: the content must not go (it would reach the
+    # copies alone), so the connection is closed instead (`_cut_off`).
+    abort: bool = False
 
 
 # A command of a round and what its reply settles: the envelope's replies (a list to add it to),
@@ -205,17 +221,18 @@ class SMTPProvider(Provider):
         message_id, data = render(email, message_id_domain=self.message_id_domain)
         sender = ascii_address(bare_address(email.from_email))
         # A path is the mailbox alone (RFC 5321 §4.1.2), without the display name `to` may carry.
-        recipient = ascii_address(bare_address(email.to))
+        recipients = [ascii_address(bare_address(address)) for address in (email.to, *email.cc, *email.bcc)]
         data = self.dkim.sign(data, from_domain=sender.rpartition("@")[2])
         content = _LEADING_DOT.sub(b"..", data)
         if not content.endswith(b"\r\n"):
             content += b"\r\n"
         envelope = (
             f"MAIL FROM:<{sender}>\r\n".encode("ascii"),
-            f"RCPT TO:<{recipient}>\r\n".encode("ascii"),
+            tuple(f"RCPT TO:<{recipient}>\r\n".encode("ascii") for recipient in recipients),
             b"DATA\r\n",
         )
-        return _Prepared(email.message_id, message_id.strip("<>"), envelope, content + b".\r\n")
+        copies = (*email.cc, *email.bcc)
+        return _Prepared(email.message_id, message_id.strip("<>"), envelope, content + b".\r\n", copies)
 
     def _lanes(self, messages: int) -> list[SMTPProvider]:
         """This provider's connection and one more per MESSAGES_PER_CONNECTION messages of the
@@ -267,7 +284,7 @@ class SMTPProvider(Provider):
         open_: _Open | None = None
         while True:
             current = None if batch.stopped else _next_held(queue, batch)
-            if open_ is not None and not batch.guard.allows(open_.message.id):
+            if open_ is not None and (open_.abort or not batch.guard.allows(open_.message.id)):
                 yield from self._cut_off(open_, current, queue, batch)
                 return
             if open_ is None and current is None:
@@ -278,11 +295,12 @@ class SMTPProvider(Provider):
         self, open_: _Open, current: _Prepared | None, queue: Iterator[_Prepared], batch: _Batch
     ) -> Iterator[None]:
         """`open_` lost between its DATA and its content (the worker stalled waiting for the 354,
-        say): the content would hand over a message this worker no longer holds. The transaction
-        is left unfinished instead: a server takes a message at its final dot (RFC 5321
-        §4.1.1.4), so closing the connection before it drops the message; whatever is still
-        held goes over a new connection."""
-        batch.results[open_.message.id] = SendResult.abandoned()
+        say): the content would hand over a message this worker no longer holds; or its
+        recipient was refused while a copy was taken, and the content would reach the copies
+        alone. The transaction is left unfinished instead: a server takes a message at its final
+        dot (RFC 5321 §4.1.1.4), so closing the connection before it drops the message; whatever
+        is still held goes over a new connection."""
+        batch.results[open_.message.id] = (open_.abort and open_.failure) or SendResult.abandoned()
         self._drop()
         if batch.stopped:
             return
@@ -311,12 +329,12 @@ class SMTPProvider(Provider):
         if current is not None:
             if self._needs_reset:
                 steps.append((_RSET, None))
-            mail, rcpt, data = current.envelope
-            steps += [(mail, envelope), (rcpt, envelope), (data, envelope)]
+            mail, rcpts, data = current.envelope
+            steps += [(mail, envelope), *((rcpt, envelope) for rcpt in rcpts), (data, envelope)]
         size = len(steps) if pipelining else 1
         try:
             for start in range(0, len(steps), size):
-                if envelope and replies.refused(envelope):
+                if envelope and replies.refused(envelope, len(current.copies) if current else 0):
                     break  # (only without PIPELINING, where the refusal is known before the next write)
                 group = steps[start : start + size]
                 connection.send(b"".join([line for line, _ in group]))
@@ -334,9 +352,10 @@ class SMTPProvider(Provider):
             if isinstance(settles, list):
                 settles.append((code, reply))
             elif settles is not None:
-                batch.results[settles.message.id] = settles.failure or replies.judge_end(
-                    settles.message.message_id, code, reply
-                )
+                result = settles.failure or replies.judge_end(settles.message.message_id, code, reply)
+                if result.outcome is Outcome.ACCEPTED and settles.refused_copies:
+                    result = SendResult.accepted(result.provider_message_id, settles.refused_copies)
+                batch.results[settles.message.id] = result
             elif code != 250:
                 raise _Lost(
                     f"SMTP {code} to RSET: {replies.decode(reply)}",
@@ -348,10 +367,18 @@ class SMTPProvider(Provider):
     def _opened(self, current: _Prepared, envelope: list[Reply], batch: _Batch) -> _Open | None:
         """`current` once its envelope's replies are in: open when DATA got 354; otherwise
         refused, its outcome recorded and the connection due an RSET."""
-        failure = replies.judge_envelope(envelope)
-        if failure is None or (len(envelope) == 3 and envelope[2][0] == 354):
-            # (A server that said 354 after refusing the recipient still gets the content.)
-            return _Open(current, failure)
+        copies = len(current.copies)
+        failure = replies.judge_envelope(envelope, copies)
+        opened = len(envelope) == 3 + copies and envelope[-1][0] == 354
+        refused = replies.refused_copies(envelope, copies)
+        if failure is None:
+            return _Open(
+                current, None, tuple(_copy_refused(current.copies[i], reply) for i, reply in refused)
+            )
+        if opened:
+            # A server that said 354 after refusing the recipient: with no copy taken it drops
+            # the content itself (no recipient), so it still gets it; with one, it must not.
+            return _Open(current, failure, abort=len(refused) < copies)
         batch.results[current.id] = failure
         self._needs_reset = True
         return None
@@ -421,6 +448,13 @@ def _held(prepared: Iterable[_Prepared], batch: _Batch) -> list[_Prepared]:
     while (message := _next_held(queue, batch)) is not None:
         held.append(message)
     return held
+
+
+def _copy_refused(address: str, reply: Reply) -> CopyRefused:
+    code, text = reply
+    return CopyRefused(
+        address, f"SMTP {code} refused at recipient: {replies.decode(text)}", 500 <= code < 600
+    )
 
 
 def _lost_fields(exc: BaseException, provider: str) -> dict[str, Any]:

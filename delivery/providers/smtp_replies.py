@@ -30,10 +30,23 @@ ENVELOPE = (("sender", (250,)), ("recipient", (250, 251)), ("data", (354,)))
 Reply = tuple[int, bytes]  # a reply's code and text
 
 
-def judge_envelope(replies: list[Reply]) -> SendResult | None:
+def _core(replies: list[Reply], copies: int) -> list[Reply]:
+    """The replies that decide the transaction: MAIL FROM, the recipient's RCPT TO and DATA,
+    without those to the `copies` RCPT TOs (cc, bcc) that follow the recipient's."""
+    return replies[:2] + replies[2 + copies :]
+
+
+def refused_copies(replies: list[Reply], copies: int) -> list[tuple[int, Reply]]:
+    """(position among the copies, reply) of each copy's RCPT TO that was refused."""
+    expected = ENVELOPE[1][1]
+    return [(index, reply) for index, reply in enumerate(replies[2 : 2 + copies]) if reply[0] not in expected]
+
+
+def judge_envelope(replies: list[Reply], copies: int = 0) -> SendResult | None:
     """The outcome decided by the first reply to MAIL FROM, RCPT TO or DATA (in that order)
-    that refused the transaction, or None when each got the reply its transaction needs."""
-    for (code, reply), (stage, expected) in zip(replies, ENVELOPE, strict=False):
+    that refused the transaction, or None when each got the reply its transaction needs. A
+    refused copy (cc, bcc) does not refuse it: the message goes to the others."""
+    for (code, reply), (stage, expected) in zip(_core(replies, copies), ENVELOPE, strict=False):
         if code in expected:
             continue
         if stage == "data":
@@ -68,9 +81,11 @@ def judge_data(code: int, reply: bytes) -> SendResult:
     return result
 
 
-def refused(envelope: list[Reply]) -> bool:
-    """Whether one of these replies to MAIL FROM, RCPT TO and DATA (in order) refused them."""
-    return any(code not in expected for (code, _), (_, expected) in zip(envelope, ENVELOPE, strict=False))
+def refused(envelope: list[Reply], copies: int = 0) -> bool:
+    """Whether one of these replies to MAIL FROM, RCPT TO and DATA (in order) refused them (a
+    refused copy does not)."""
+    core = _core(envelope, copies)
+    return any(code not in expected for (code, _), (_, expected) in zip(core, ENVELOPE, strict=False))
 
 
 def raise_if_throttled(exc: smtplib.SMTPResponseException) -> None:

@@ -125,9 +125,13 @@ def _compose_one(m: ClaimedMessage, batch: _Batch) -> OutgoingEmail | str:
     else:
         parts = _inline(m, opens=opens, clicks=clicks)
     subject, html, text = parts
+    left_out = {address.lower() for address in m.suppressed_copies or ()}
     return OutgoingEmail(
         message_id=m.id,
         to=m.to_email,
+        # The copies not on the suppression list (the send path records those left out).
+        cc=tuple(a for a in m.cc or () if a.lower() not in left_out),
+        bcc=tuple(a for a in m.bcc or () if a.lower() not in left_out),
         from_email=m.from_email or (m.campaign_id and batch.senders.get(m.campaign_id)) or batch.default_from,
         subject=subject,
         text=text,

@@ -44,6 +44,9 @@ class NewMessage:
     metadata: dict[str, str] | None = None
     # Extra headers, sent unchanged (delivery.headers says which may be given).
     headers: dict[str, str] | None = None
+    # Copies: cc in the Cc header, bcc in none.
+    cc: tuple[str, ...] = ()
+    bcc: tuple[str, ...] = ()
 
 
 def request_fingerprint(body: Any) -> str:
@@ -115,6 +118,8 @@ def _columns(
     scheduled = new.send_at is not None and new.send_at > now
     return {
         "to_email": new.to,
+        "cc": list(new.cc) or None,
+        "bcc": list(new.bcc) or None,
         "from_email": new.from_email or settings.EMAILHUB_DEFAULT_FROM,
         "reply_to": new.reply_to,
         "subject": new.subject,

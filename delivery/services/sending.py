@@ -24,9 +24,12 @@ from django.utils import timezone
 
 from campaigns.models import Priority
 from delivery.exceptions import ProviderSkipped, ProviderUnavailable
+from delivery.models import EmailEvent
 from delivery.providers import Outcome, OutgoingEmail, SendResult
+from delivery.providers.base import CopyRefused
 from delivery.services import send_tasks
 from delivery.services.compose import compose
+from delivery.services.events import ProviderEvent, record_events
 from delivery.services.gateway import BULK, TRANSACTIONAL, send_via
 from delivery.services.lease import CLOCK, ClaimLease
 from delivery.services.recording import record
@@ -151,6 +154,7 @@ def _send_claimed(claimed: list[ClaimedMessage], asked_at: float, clock: Callabl
     delivery.settle(delivery.over_chain(emails), {m.id: m for m in sendable})
     if lease.token is not None:
         record(outcomes, lease.token, campaign_rows=any(m.campaign_id is not None for m in claimed))
+        _record_left_out(sendable, outcomes, delivery.refused_copies)
     return BatchReport(
         claimed=len(claimed),
         sent=sum(len(sent) for sent in outcomes.sent.values()),
@@ -174,6 +178,8 @@ class _Delivery:
         self.last_error: dict[int, str] = {}
         self.tried: set[int] = set()
         self.ready_in: dict[int, float] = {}
+        # Message id → (provider, the copies it refused while it took the message).
+        self.refused_copies: dict[int, tuple[str, tuple[CopyRefused, ...]]] = {}
 
     def over_chain(self, pending: list[OutgoingEmail]) -> list[OutgoingEmail]:
         """Offer the emails to each provider of the pool in turn; return those none accepted
@@ -220,6 +226,8 @@ class _Delivery:
             return False  # another worker holds it now: no outcome of ours
         if result.outcome is Outcome.ACCEPTED:
             self.outcomes.sent[provider_name].append((email.message_id, result.provider_message_id))
+            if result.refused_copies:
+                self.refused_copies[email.message_id] = (provider_name, result.refused_copies)
             return False
         if result.outcome is Outcome.PERMANENT:
             self.outcomes.failed.append((email.message_id, f"{provider_name}: {result.error}"))
@@ -254,6 +262,39 @@ class _Delivery:
             self.last_error,
             self.outcomes,
         )
+
+
+def _record_left_out(
+    sendable: list[ClaimedMessage],
+    outcomes: Outcomes,
+    refused: dict[int, tuple[str, tuple[CopyRefused, ...]]],
+) -> None:
+    """The copies a sent message went without, as events of that message (what its result says,
+    `GET /messages/{id}/events`): `dropped` for one on the suppression list, `bounced` for one
+    the provider refused (permanent: suppressed, as a bounced recipient is). Only when there
+    are any: a batch without copies runs no statement here."""
+    sent = {message_id for rows in outcomes.sent.values() for message_id, _ in rows}
+    now = timezone.now()
+    events = [
+        ProviderEvent(
+            provider="emailhub", event_id=f"left-out:{m.id}:{address.lower()}", kind=EmailEvent.Kind.DROPPED,
+            occurred_at=now, message_id=m.id, recipient=address, detail="left out: the address is on the suppression list",
+        )
+        for m in sendable if m.id in sent
+        for address in m.suppressed_copies or ()
+    ]  # fmt: skip
+    for message_id, (provider, copies) in refused.items():
+        events += [
+            ProviderEvent(
+                provider=provider, event_id=f"copy-refused:{message_id}:{copy.address.lower()}",
+                kind=EmailEvent.Kind.BOUNCED, occurred_at=now, message_id=message_id, recipient=copy.address,
+                bounce=EmailEvent.Bounce.PERMANENT if copy.permanent else EmailEvent.Bounce.TRANSIENT,
+                detail=f"copy refused: {copy.error}",
+            )
+            for copy in copies
+        ]  # fmt: skip
+    if events:
+        record_events(events)
 
 
 def retry_delay(attempt: int) -> timedelta:

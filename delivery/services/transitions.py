@@ -58,6 +58,8 @@ PRIORITY = literals(Priority)
 NEW_COLUMNS = {
     "template_id": "bigint",
     "to_email": "text",
+    "cc": "jsonb",
+    "bcc": "jsonb",
     "from_email": "text",
     "reply_to": "text",
     "subject": "text",
@@ -366,10 +368,16 @@ MARKETING_SQL = "(m.campaign_id IS NOT NULL OR m.list_unsubscribe)"
 # this claim older than the lease, so the next claim's time is later (on any database clock that
 # does not step back by the lease). A column of its own would say the same at the cost of a
 # migration and a wider row on the hottest table.
+# The cc and bcc addresses on the suppression list (NULL for a message without copies: every
+# campaign row, at the cost of two NULL tests): compose leaves them out.
+_SUPPRESSED_COPIES = f"""CASE WHEN m.cc IS NULL AND m.bcc IS NULL THEN NULL ELSE ARRAY(
+              SELECT a FROM jsonb_array_elements_text(coalesce(m.cc, '[]') || coalesce(m.bcc, '[]')) AS a
+               WHERE {suppressed_sql("a", marketing=MARKETING_SQL)}) END"""
 _CLAIM_RETURNING = f"""m.id, m.campaign_id, m.contact_id, m.template_id, m.to_email, m.from_email,
           m.reply_to, m.subject, m.html, m.text, m.context, m.list_unsubscribe, m.track_opens,
           m.track_clicks, m.headers, m.priority, m.attempts,
-          {suppressed_sql("m.to_email", marketing=MARKETING_SQL)}, m.claimed_at"""
+          {suppressed_sql("m.to_email", marketing=MARKETING_SQL)}, m.claimed_at, m.cc, m.bcc,
+          {_SUPPRESSED_COPIES}"""
 _CLAIM_SQL = f"""
 UPDATE delivery_message AS m
    SET status = {MSG.SENDING}, attempts = attempts + 1, claimed_at = statement_timestamp()
@@ -412,7 +420,7 @@ RETURNING {_CLAIM_RETURNING}
 _CLAIM_COLUMNS = (
     "id", "campaign_id", "contact_id", "template_id", "to_email", "from_email", "reply_to",
     "subject", "html", "text", "context", "list_unsubscribe", "track_opens", "track_clicks",
-    "headers", "priority", "attempts", "suppressed", "claimed_at",
+    "headers", "priority", "attempts", "suppressed", "claimed_at", "cc", "bcc", "suppressed_copies",
 )  # fmt: skip
 
 
@@ -437,6 +445,9 @@ class ClaimedMessage:
     attempts: int
     suppressed: bool
     claimed_at: datetime  # the claim's token: the same for every message of one claim
+    cc: Any = None  # a list of addresses, or None
+    bcc: Any = None
+    suppressed_copies: list[str] | None = None  # of cc and bcc, those on the suppression list
 
     def __post_init__(self) -> None:
         # Raw SQL hands back jsonb as text.
@@ -444,6 +455,10 @@ class ClaimedMessage:
             self.context = json.loads(self.context)
         if isinstance(self.headers, str):
             self.headers = json.loads(self.headers)
+        if isinstance(self.cc, str):
+            self.cc = json.loads(self.cc)
+        if isinstance(self.bcc, str):
+            self.bcc = json.loads(self.bcc)
 
 
 def claim(message_ids: Sequence[int]) -> list[ClaimedMessage]:
