@@ -12,7 +12,7 @@ from django.conf import settings
 from rest_framework.test import APIClient
 
 from delivery.models import ApiKey, Message
-from delivery.providers import Guard
+from delivery.providers import Guard, close_all
 from delivery.testing.sendgrid_server import SendGridTestServer
 from delivery.testing.ses_server import SESTestServer
 from delivery.testing.smtp_server import SMTPTestServer, free_port
@@ -185,3 +185,31 @@ def wait_for_status(message_id: int, status: str, timeout: float = 20.0) -> Mess
         f"message {message_id} to be {status} (is {Message.objects.filter(pk=message_id).values_list('status', flat=True).first()})",
     )
     return Message.objects.get(pk=message_id)
+
+
+@pytest.fixture
+def through(
+    settings,  # noqa: ANN001
+    smtp: SMTPTestServer,
+    ses_server: SESTestServer,
+    sendgrid_server: SendGridTestServer,
+) -> Iterator[Callable[..., None]]:
+    """`through(name)` makes the transactional pool send through that one provider, each
+    pointed at its local server (`through("smtp", port)`: another SMTP test server's port)."""
+    ses_server.reset()
+    sendgrid_server.clear()
+    settings.SES_ENDPOINT_URL = ses_server.endpoint_url
+    settings.SES_ACCESS_KEY_ID = settings.SES_SECRET_ACCESS_KEY = "test"
+    settings.SENDGRID_API_KEY = sendgrid_server.api_key
+    settings.SENDGRID_HOST = sendgrid_server.url
+
+    def choose(name: str, port: int | None = None) -> None:
+        settings.EMAILHUB_PROVIDERS_TRANSACTIONAL = [name]
+        if port is not None:
+            settings.SMTP_PORT = port
+        close_all()
+
+    yield choose
+    close_all()
+    ses_server.reset()
+    sendgrid_server.clear()

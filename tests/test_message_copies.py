@@ -5,7 +5,6 @@ message's events say so, a refused recipient sends nothing to the copies."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from email import message_from_bytes, policy
 from typing import Any
 
@@ -16,7 +15,6 @@ from campaigns.models import Suppression
 from campaigns.suppressions import suppress
 from core.models import OutboxTask
 from delivery.models import EmailEvent, Message
-from delivery.providers import close_all
 from delivery.services.sending import send_messages
 from delivery.testing.sendgrid_server import SendGridTestServer
 from delivery.testing.ses_server import SESTestServer
@@ -73,32 +71,6 @@ def test_the_recipient_limit_is_a_setting_named_in_the_error(api: APIClient, set
     assert error["code"] == "limit_exceeded"
     assert error["limit"] == {"name": "EMAILHUB_MESSAGE_MAX_RECIPIENTS", "value": 3}
     assert post(api, {**VALID, "bcc": []}).status_code == 202
-
-
-@pytest.fixture
-def through(
-    settings,  # noqa: ANN001
-    smtp: SMTPTestServer,
-    ses_server: SESTestServer,
-    sendgrid_server: SendGridTestServer,
-) -> Iterator[Any]:
-    ses_server.reset()
-    sendgrid_server.clear()
-    settings.SES_ENDPOINT_URL = ses_server.endpoint_url
-    settings.SES_ACCESS_KEY_ID = settings.SES_SECRET_ACCESS_KEY = "test"
-    settings.SENDGRID_API_KEY = sendgrid_server.api_key
-    settings.SENDGRID_HOST = sendgrid_server.url
-
-    def choose(name: str, port: int | None = None) -> None:
-        settings.EMAILHUB_PROVIDERS_TRANSACTIONAL = [name]
-        if port is not None:
-            settings.SMTP_PORT = port
-        close_all()
-
-    yield choose
-    close_all()
-    ses_server.reset()
-    sendgrid_server.clear()
 
 
 def accept_and_send(api: APIClient, body: dict[str, Any] = VALID) -> Message:

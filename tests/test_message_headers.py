@@ -4,7 +4,6 @@ clients against the local servers), from the API through the whole send path."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from email import message_from_bytes, policy
 from typing import Any
 
@@ -13,7 +12,6 @@ from rest_framework.test import APIClient
 
 from core.models import OutboxTask
 from delivery.models import Message
-from delivery.providers import close_all
 from delivery.services.sending import send_messages
 from delivery.testing.sendgrid_server import SendGridTestServer
 from delivery.testing.ses_server import SESTestServer
@@ -85,31 +83,6 @@ def test_a_batch_item_with_a_reserved_header_is_refused_by_its_index(api: APICli
     assert response.status_code == 400
     assert "headers" in str(response.json()["error"]["fields"]["messages"]["1"])
     assert Message.objects.count() == 0
-
-
-@pytest.fixture
-def through(
-    settings,  # noqa: ANN001
-    smtp: SMTPTestServer,
-    ses_server: SESTestServer,
-    sendgrid_server: SendGridTestServer,
-) -> Iterator[Any]:
-    """Choose the one provider the transactional pool sends through."""
-    ses_server.reset()
-    sendgrid_server.clear()
-    settings.SES_ENDPOINT_URL = ses_server.endpoint_url
-    settings.SES_ACCESS_KEY_ID = settings.SES_SECRET_ACCESS_KEY = "test"
-    settings.SENDGRID_API_KEY = sendgrid_server.api_key
-    settings.SENDGRID_HOST = sendgrid_server.url
-
-    def choose(name: str) -> None:
-        settings.EMAILHUB_PROVIDERS_TRANSACTIONAL = [name]
-        close_all()
-
-    yield choose
-    close_all()
-    ses_server.reset()
-    sendgrid_server.clear()
 
 
 def accept_and_send(api: APIClient) -> Message:
