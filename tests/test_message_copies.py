@@ -200,3 +200,16 @@ def test_a_bounce_reported_by_webhook_for_a_copy_suppresses_it_and_is_recorded_o
     assert list(Suppression.objects.values_list("email", flat=True)) == ["bob@example.com"]
     message.refresh_from_db()
     assert message.status == "sent"  # the message itself reached its recipient
+
+
+def test_a_batch_item_carries_its_copies_and_headers_like_a_single_message(api: APIClient) -> None:
+    items = [
+        {**VALID, "to": f"u{n}@example.com", "headers": {"X-Entity-Ref-ID": f"ref-{n}"}, "tags": [f"n{n}"]}
+        for n in range(3)
+    ]
+    response = api.post("/api/v1/messages/batch", {"messages": items}, format="json")
+    assert response.status_code == 202, response.json()
+    rows = Message.objects.order_by("id")
+    assert [(m.to_email, m.cc, m.bcc, m.headers, m.tags) for m in rows] == [
+        (f"u{n}@example.com", CC, BCC, {"X-Entity-Ref-ID": f"ref-{n}"}, [f"n{n}"]) for n in range(3)
+    ]
