@@ -87,6 +87,21 @@ class MessageListView(mixins.ListModelMixin, generics.GenericAPIView):
                 },
                 request_only=True,
             ),
+            OpenApiExample(
+                "A reminder to cancel by its tag, with copies and headers",
+                {
+                    "to": "ada@example.com",
+                    "cc": ["team@example.com"],
+                    "bcc": ["audit@example.com"],
+                    "template": "finish-signup",
+                    "send_at": "2026-12-07T09:00:00Z",
+                    "tags": ["reminder:user-42", "signup"],
+                    "metadata": {"user_id": "42"},
+                    "headers": {"X-Entity-Ref-ID": "signup-42"},
+                    "priority": "high",
+                },
+                request_only=True,
+            ),
         ],
         parameters=[
             OpenApiParameter(
