@@ -256,7 +256,7 @@ class ArchivedFilter(admin.SimpleListFilter):
 # What the admin may edit of a draft (besides its name).
 DRAFT_CONTENT = (
     "template", "contact_list", "from_email", "priority", "window_hours", "holdout_percent", "track_opens",
-    "track_clicks",
+    "track_clicks", "tags",
 )  # fmt: skip
 
 
@@ -347,6 +347,7 @@ class CampaignAdmin(ZonedTimesMixin, CampaignWorkflows):
                     "from_email",
                     "priority",
                     ("track_opens", "track_clicks"),
+                    "tags",
                 )
             },
         )

@@ -9,7 +9,6 @@ from django.db.models.functions import Now
 
 from core.templating import TemplateSyntaxError, check_syntax
 from core.timezones import validate_timezone
-from core.validators import validate_tags
 
 
 class Priority(models.TextChoices):
@@ -182,9 +181,7 @@ class Campaign(models.Model):
     track_clicks = models.BooleanField(default=False)
     # What the operator or application recognises the campaign's mail by: its messages carry
     # these in the API and on every event (one copy here, none per message row).
-    tags = models.JSONField(
-        null=True, blank=True, validators=[validate_tags], help_text='e.g. ["spring-sale"]'
-    )
+    tags = models.JSONField(null=True, blank=True, help_text='e.g. ["spring-sale"]')
 
     # Fan-out progress: the last contact id written, so a killed fan-out resumes where it was.
     fanout_cursor = models.BigIntegerField(default=0)

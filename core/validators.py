@@ -11,7 +11,6 @@ from email.utils import parseaddr
 from typing import Any
 
 from django import forms
-from django.conf import settings
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.validators import RegexValidator, validate_email
 from django.db import models
@@ -244,25 +243,3 @@ def validate_mailbox(value: str, *, allow_blank: bool = False) -> str:
 # A tag: a short identifier an application filters and cancels by (`order-1234`, `otp:login`).
 TAG_PATTERN = r"^[A-Za-z0-9_.:-]+\Z"
 TAG_RULE = "letters, digits and _ . : - only"
-
-
-def validate_tags(value: Any) -> None:
-    """A list of tags as the API's TagsField takes them (the admin's form runs this one): at most
-    EMAILHUB_MESSAGE_MAX_TAGS, each of TAG_PATTERN and at most EMAILHUB_TAG_MAX_LENGTH long."""
-    if value is None:
-        return
-    if not isinstance(value, list) or not all(isinstance(tag, str) for tag in value):
-        raise DjangoValidationError('give a list of tags, e.g. ["spring-sale", "newsletter"]', code="invalid")
-    if len(value) > settings.EMAILHUB_MESSAGE_MAX_TAGS:
-        raise DjangoValidationError(
-            f"has {len(value)} tags; at most {settings.EMAILHUB_MESSAGE_MAX_TAGS} (EMAILHUB_MESSAGE_MAX_TAGS)",
-            code="EMAILHUB_MESSAGE_MAX_TAGS",
-        )
-    for tag in value:
-        if not re.match(TAG_PATTERN, tag):
-            raise DjangoValidationError(f"{tag!r} is not a tag: {TAG_RULE}", code="invalid")
-        if len(tag) > settings.EMAILHUB_TAG_MAX_LENGTH:
-            raise DjangoValidationError(
-                f"{tag[:20]!r}… has {len(tag)} characters; at most {settings.EMAILHUB_TAG_MAX_LENGTH} (EMAILHUB_TAG_MAX_LENGTH)",
-                code="EMAILHUB_TAG_MAX_LENGTH",
-            )

@@ -74,7 +74,8 @@ class CampaignSerializer(api_input.ModelSerializer):
     contact_list = serializers.PrimaryKeyRelatedField(queryset=ContactList.objects.all())
     progress = serializers.SerializerMethodField()
     local_time = api_input.WallTimeField(read_only=True, allow_null=True)
-    tags = api_input.TagsField(required=False)
+    # The admin's form runs this field too (core.validators.ApiValidatedForm): an empty one is null.
+    tags = api_input.TagsField(required=False, allow_null=True)
 
     class Meta:
         model = Campaign
@@ -115,7 +116,7 @@ class CampaignSerializer(api_input.ModelSerializer):
             "percent_done": campaign.percent_done,
         }
 
-    def validate_tags(self, value: list[str]) -> list[str] | None:
+    def validate_tags(self, value: list[str] | None) -> list[str] | None:
         return value or None  # none stored as NULL, as a message's
 
     def to_representation(self, instance: Campaign) -> dict[str, Any]:
