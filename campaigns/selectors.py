@@ -109,8 +109,7 @@ def suppressed_sql(address: str, *, marketing: str) -> str:
 
 
 def campaigns_tagged(tag: str) -> QuerySet[Campaign, Any]:
-    """The ids of the campaigns carrying `tag` (a small table: no index), for a filter of their
-    messages (`campaign_id IN (…)`, served by the messages' (campaign, contact) index)."""
+    """The campaigns carrying `tag` (a small table: no index), whose messages carry it too."""
     return Campaign.objects.filter(tags__contains=[tag]).values("id")
 
 

@@ -155,6 +155,20 @@ def test_the_tag_filter_is_an_index_scan(db) -> None:  # noqa: ANN001
     assert "message_tags_idx" in plan, plan
 
 
+def test_the_event_tag_filter_reaches_events_through_the_message_tag_index(db) -> None:  # noqa: ANN001
+    from delivery.selectors import events_matching
+
+    factories.campaign(tags=["rare"])  # a tagged campaign: its messages are found by campaign id
+    with connection.cursor() as cursor:
+        cursor.execute("SET enable_seqscan = off")  # the plan's shape, not the planner's choice at 0 rows
+        sql, params = events_matching({"tag": "rare"}).query.sql_with_params()
+        cursor.execute(f"EXPLAIN {sql}", params)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+        cursor.execute("RESET enable_seqscan")
+    assert "message_tags_idx" in plan and "uniq_campaign_contact" in plan, plan
+    assert "SubPlan" not in plan and "Seq Scan" not in plan, plan
+
+
 def test_events_carry_their_messages_tags_and_metadata_and_are_filtered_by_tag(api: APIClient) -> None:
     tagged = factories.sent_message(tags=["order-7"], metadata={"order": "7"})
     plain = factories.sent_message(to="bob@example.com")
