@@ -39,6 +39,18 @@ class Outcome(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class Attachment:
+    """A file sent with an email (delivery.attachments says what a valid one is)."""
+
+    filename: str
+    content_type: str
+    content: bytes
+    sha256: str  # of `content`: emails with the same files share a SendGrid request
+    # Set for an inline image the HTML references as `cid:<content_id>`.
+    content_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class OutgoingEmail:
     message_id: int  # our database id, echoed in the X-Emailhub-Message header
     to: str
@@ -48,6 +60,7 @@ class OutgoingEmail:
     html: str
     reply_to: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    attachments: tuple[Attachment, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -71,6 +71,7 @@ NEW_COLUMNS = {
     "tags": "jsonb",
     "metadata": "jsonb",
     "headers": "jsonb",
+    "attachments": "jsonb",
     "priority": "text",
     "status": "text",
     "due_at": "timestamptz",
@@ -368,7 +369,7 @@ MARKETING_SQL = "(m.campaign_id IS NOT NULL OR m.list_unsubscribe)"
 # migration and a wider row on the hottest table.
 _CLAIM_RETURNING = f"""m.id, m.campaign_id, m.contact_id, m.template_id, m.to_email, m.from_email,
           m.reply_to, m.subject, m.html, m.text, m.context, m.list_unsubscribe, m.track_opens,
-          m.track_clicks, m.headers, m.priority, m.attempts,
+          m.track_clicks, m.headers, m.attachments, m.priority, m.attempts,
           {suppressed_sql("m.to_email", marketing=MARKETING_SQL)}, m.claimed_at"""
 _CLAIM_SQL = f"""
 UPDATE delivery_message AS m
@@ -412,7 +413,7 @@ RETURNING {_CLAIM_RETURNING}
 _CLAIM_COLUMNS = (
     "id", "campaign_id", "contact_id", "template_id", "to_email", "from_email", "reply_to",
     "subject", "html", "text", "context", "list_unsubscribe", "track_opens", "track_clicks",
-    "headers", "priority", "attempts", "suppressed", "claimed_at",
+    "headers", "attachments", "priority", "attempts", "suppressed", "claimed_at",
 )  # fmt: skip
 
 
@@ -433,6 +434,7 @@ class ClaimedMessage:
     track_opens: bool
     track_clicks: bool
     headers: Any  # the application's own headers (a dict), or None
+    attachments: Any  # Message.attachments: a list of metadata (contents by hash), or None
     priority: str
     attempts: int
     suppressed: bool
@@ -444,6 +446,8 @@ class ClaimedMessage:
             self.context = json.loads(self.context)
         if isinstance(self.headers, str):
             self.headers = json.loads(self.headers)
+        if isinstance(self.attachments, str):
+            self.attachments = json.loads(self.attachments)
 
 
 def claim(message_ids: Sequence[int]) -> list[ClaimedMessage]:
