@@ -75,6 +75,7 @@ def nothing_stored() -> bool:
         (file(content="not base64!"), "content"),
         (file(content="QUJD\nREVG"), "content"),  # a line break: one line only
         (file(content="QUJ"), "content"),  # unpadded
+        (file(content="QUJDé==="), "content"),  # non-ASCII
         (file(content=""), "content"),
         (file(content=5), "content"),
         (file(filename=""), "filename"),
