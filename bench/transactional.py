@@ -29,6 +29,9 @@ The phases of a run, one after the other on the same machine:
    (with the worker's CPU per message at that rate); then `--storm-paced` messages at
    `--storm-share` (80%) of the flood's end-to-end rate from `--concurrency` open-loop clients:
    `storm_paced_p99` must stay under a second;
+3d. attachments (unless `--attachments 0`): `--attachments` critical messages, each with a 1 MiB
+   PDF of its own (distinct content: no sharing, a receipt per recipient), from the same client
+   threads while the transactional worker runs: accept rate, and accept -> SMTP 250 p50/p99;
 4. batch (unless `--batches 0`): `POST /api/v1/messages/batch` of `--batch-size` `normal`
    messages from the same client threads, no worker running; then the bulk worker sends them.
    `batch_ratio` = accepted messages/s of the batch endpoint / phase 2's.
@@ -53,6 +56,7 @@ The last lines are the medians across runs (this machine is noisy), one `name: v
 from __future__ import annotations
 
 import argparse
+import base64
 import os
 import signal
 import subprocess
@@ -83,6 +87,7 @@ from scripts.stack import PROCESSES, Process, Stack, with_option  # noqa: E402
 BENCH_DB = bench_database("emailhub_bench")
 REFERENCE_DB = bench_database("emailhub_bench_reference")
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
+ATTACHMENT_BYTES = 1024 * 1024  # phase 3d's file: a large receipt or statement PDF
 
 
 def db_sessions() -> int:
@@ -168,6 +173,9 @@ METRICS = [
     ("paced_worker_cpu_ms", "ms/msg"),
     ("messages_per_task", "msgs/task"),
     ("worker_peak_rss", "MB"),
+    ("attachment_accept_per_s", "msgs/s"),
+    ("attachment_p50", "ms"),
+    ("attachment_p99", "ms"),
     ("batch_accept_per_s", "msgs/s"),
     ("batch_e2e_per_s", "msgs/s"),
 ]
@@ -317,7 +325,7 @@ def one_run(args: argparse.Namespace, env: dict[str, str], api_key: str, number:
         result.update(storm_reference_phase(args, api_key, number))
     # Same starting point for every run: empty tables, empty broker, fresh processes.
     with connection.cursor() as cursor:
-        cursor.execute("TRUNCATE delivery_message, core_outboxtask CASCADE")
+        cursor.execute("TRUNCATE delivery_message, core_outboxtask, delivery_attachmentcontent CASCADE")
     redis.Redis.from_url(REDIS_URL).flushdb()
     sink = open_sink(args.sink)
     stack = Stack(env={**env, "SMTP_PORT": str(sink.port)}, log_dir=LOG_DIR)
@@ -400,6 +408,30 @@ def one_run(args: argparse.Namespace, env: dict[str, str], api_key: str, number:
             storm_ms = latencies_ms(storm)
             result.update({"storm_paced_rate": rate, "storm_paced_p99": percentile(storm_ms, 99)})
 
+        # Phase 3d: messages with a 1 MiB attachment each (its base64 decoded and hashed at accept,
+        # stored once, read back by the worker and written out again as base64 MIME).
+        if args.attachments:
+            pdf = base64.b64encode(os.urandom(ATTACHMENT_BYTES)).decode("ascii")
+
+            def with_pdf(i: int) -> dict[str, Any]:
+                # The random bytes made once, the first 12 characters made this message's own, so
+                # each message's content is distinct (no accept is spared by deduplication).
+                content = f"{i:012d}" + pdf[12:]
+                attachment = {
+                    "filename": f"receipt-{i}.pdf",
+                    "content_type": "application/pdf",
+                    "content": content,
+                }
+                return {**message_body(i, f"attachment {number}"), "attachments": [attachment]}
+
+            results, elapsed, _ = drive(url, api_key, args.attachments, args.concurrency, with_pdf)
+            attached = [r["id"] for r in results]
+            wait_until_sent(attached, args.timeout)
+            expected += len(attached)
+            attached_ms = latencies_ms(attached)
+            result["attachment_accept_per_s"] = args.attachments / elapsed
+            result.update({f"attachment_p{p}": percentile(attached_ms, p) for p in (50, 99)})
+
         # Phase 4: the batch endpoint, no worker for `normal` running; then the bulk worker sends.
         if args.batches:
             warm, _, _ = post_batches(url, api_key, 1, args.batch_size, 1, f"batch warm-up {number}")
@@ -470,6 +502,12 @@ def main() -> int:
     parser.add_argument(
         "--storm-share", type=float, default=0.8, help="the storm-paced rate as a share of the flood's e2e"
     )
+    parser.add_argument(
+        "--attachments",
+        type=int,
+        default=100,
+        help="critical messages with a 1 MiB attachment each (0: none)",
+    )
     parser.add_argument("--batches", type=int, default=10, help="batch requests per run (0: no batch phase)")
     parser.add_argument("--batch-size", type=int, default=1000)
     parser.add_argument("--sink", choices=["postfix", "aiosmtpd"], default="postfix")
@@ -527,6 +565,11 @@ def main() -> int:
             print(
                 f"  paced at {r['storm_paced_rate']:.0f}/s ({args.storm_share:.0%} of the flood's end-to-end): "
                 f"p99 {r['storm_paced_p99']:.1f} ms"
+            )
+        if "attachment_accept_per_s" in r:
+            print(
+                f"  with a 1 MiB attachment each: accept {r['attachment_accept_per_s']:.0f} msgs/s, "
+                f"accept->SMTP 250 p50 {r['attachment_p50']:.1f} p99 {r['attachment_p99']:.1f} ms"
             )
         if "batch_accept_per_s" in r:
             print(

@@ -17,6 +17,8 @@ error shape's `limit` member (`{"name": setting, "value": n}`), with `code: limi
 - `MESSAGE_TAGS`/`TAG_LENGTH`, `METADATA_KEYS`/`METADATA_BYTES`: a message's `tags` (how many,
   how long each) and its flat string `metadata` (keys, compact UTF-8 JSON bytes).
 - `MESSAGE_RECIPIENTS`: a message's `to`, `cc` and `bcc` together.
+- `ATTACHMENTS_COUNT`, `ATTACHMENTS_BYTES`: how many files a message attaches (a 400) and their
+  decoded total (a 413, core.api_json.RequestTooLarge naming the setting: it is a size).
 """
 
 from __future__ import annotations
@@ -55,9 +57,13 @@ METADATA_KEYS = Limit("EMAILHUB_METADATA_MAX_KEYS")
 METADATA_BYTES = Limit("EMAILHUB_METADATA_MAX_BYTES")
 MESSAGE_RECIPIENTS = Limit("EMAILHUB_MESSAGE_MAX_RECIPIENTS")
 
+ATTACHMENTS_COUNT = Limit("EMAILHUB_ATTACHMENTS_MAX_COUNT")
+ATTACHMENTS_BYTES = Limit("EMAILHUB_ATTACHMENTS_MAX_BYTES")
+
 LIMITS = {limit.setting: limit for limit in (SCHEDULE_HORIZON, CONTEXT_KEYS, CONTEXT_BYTES, ATTRIBUTES_KEYS,
                                              ATTRIBUTES_BYTES, MESSAGE_TAGS, TAG_LENGTH, METADATA_KEYS,
-                                             METADATA_BYTES, MESSAGE_RECIPIENTS)}  # fmt: skip
+                                             METADATA_BYTES, MESSAGE_RECIPIENTS, ATTACHMENTS_COUNT,
+                                             ATTACHMENTS_BYTES)}  # fmt: skip
 
 
 def beyond_horizon(instant: datetime, *, now: datetime | None = None) -> str | None:

@@ -122,6 +122,10 @@ class Message(models.Model):
     metadata = models.JSONField(null=True, blank=True)
     # Headers the application adds (delivery.headers says which it may), sent unchanged.
     headers = models.JSONField(null=True, blank=True)
+    # The files sent with the message, without their bytes (AttachmentContent holds those, once
+    # per distinct content): [{"filename", "content_type", "size", "sha256", "content_id"}], in
+    # the order given. NULL when none, as on every campaign row (fan-out writes nothing new).
+    attachments = models.JSONField(null=True, blank=True)
 
     priority = models.CharField(max_length=8, choices=Priority.choices, default=Priority.NORMAL)
     status = models.CharField(
@@ -210,6 +214,21 @@ class Message(models.Model):
 
     def __str__(self) -> str:
         return f"#{self.pk} to {self.to_email} ({self.status})"
+
+
+class AttachmentContent(models.Model):
+    """The bytes of an attached file, stored once per distinct content: a batch of 1,000
+    messages with the same PDF stores it once, and each message's `attachments` names it by
+    hash. Rows are written by delivery.services.attachments only (INSERT … ON CONFLICT DO
+    NOTHING in the accepting transaction), and never change: a hash names its bytes for ever."""
+
+    sha256 = models.CharField(max_length=64, primary_key=True)  # hex SHA-256 of `content`
+    content = models.BinaryField()
+    size = models.PositiveIntegerField()
+    created_at = models.DateTimeField(db_default=Now())
+
+    def __str__(self) -> str:
+        return f"{self.sha256[:12]}… ({self.size} bytes)"
 
 
 class EmailEvent(models.Model):

@@ -354,9 +354,10 @@ EMAILHUB_READYZ_TIMEOUT_SECONDS = env_float("EMAILHUB_READYZ_TIMEOUT_SECONDS", 1
 
 # --- REST API ---------------------------------------------------------------------------------
 
-# The largest JSON body the API reads (a 1,000-message batch with bodies fits); larger is a 413.
-# CSV uploads are files and not counted. Django's own limit for form data follows it.
-EMAILHUB_API_MAX_BODY_BYTES = env_int("EMAILHUB_API_MAX_BODY_BYTES", 10 * 1024 * 1024, minimum=1024)
+# The largest JSON body the API reads (a 1,000-message batch with bodies fits, and so does one
+# message with EMAILHUB_ATTACHMENTS_MAX_BYTES of attachments: 10 MiB is 13.4 MiB as base64);
+# larger is a 413. CSV uploads are files and not counted. Django's limit for form data follows it.
+EMAILHUB_API_MAX_BODY_BYTES = env_int("EMAILHUB_API_MAX_BODY_BYTES", 16 * 1024 * 1024, minimum=1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = EMAILHUB_API_MAX_BODY_BYTES
 # Most messages in one POST /api/v1/messages/batch (one transaction); more is a 413 naming this.
 EMAILHUB_API_BATCH_MAX_MESSAGES = env_int("EMAILHUB_API_BATCH_MAX_MESSAGES", 1000, minimum=1)
@@ -390,6 +391,13 @@ EMAILHUB_METADATA_MAX_BYTES = env_int("EMAILHUB_METADATA_MAX_BYTES", 2048, minim
 # Recipients of one message, `to` with its `cc` and `bcc`: SES takes at most 50 a message
 # (SendGrid 1,000 a personalization), so a message any provider of the chain can take.
 EMAILHUB_MESSAGE_MAX_RECIPIENTS = env_int("EMAILHUB_MESSAGE_MAX_RECIPIENTS", 50, minimum=1)
+# A message's `attachments` (issue 21): the decoded total of its files (beyond it a 413 naming
+# this) and how many (beyond it a 400). Postmark and Gmail take 10 MiB and 25 MB, SendGrid 30 MB
+# per message with its base64; 10 MiB is the smallest common bound, so a message accepted here
+# is not refused by the next provider of the chain. A worker holds a batch's distinct contents
+# in memory at once (delivery.services.compose).
+EMAILHUB_ATTACHMENTS_MAX_BYTES = env_int("EMAILHUB_ATTACHMENTS_MAX_BYTES", 10 * 1024 * 1024, minimum=1024)
+EMAILHUB_ATTACHMENTS_MAX_COUNT = env_int("EMAILHUB_ATTACHMENTS_MAX_COUNT", 10, minimum=1)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["delivery.authentication.ApiKeyAuthentication"],

@@ -100,6 +100,11 @@ SINCE_UNTIL = "`until` after `since`: a relation between two parameters"
 CSV = "a CSV whose header row names an email column"
 SIGNED = "a notification the provider signed (SNS, SendGrid's Signed Event Webhook)"
 BODY = "(body)"  # an error that names no field: the request as a whole
+EXECUTABLE = ("not an executable type mailbox providers reject (.exe, .js…, delivery.attachments), matched "
+              "case-insensitively on the last extension (JSON Schema patterns have no flags), nor only "
+              "dots and spaces")  # fmt: skip
+CONTAINER = "multipart/* and message/* in any case: JSON Schema patterns have no flags"
+UNIQUE_CID = "a content_id unique among the message's attachments: a relation between items"
 
 HEADERS = ("header names emailhub owns or that change routing (From, Content-*, X-SES-*…) and RFC 5322 field "
            "names: OpenAPI 3.0 has no propertyNames")  # fmt: skip
@@ -108,7 +113,9 @@ RECIPIENTS = ("no address twice among to, cc and bcc, and EMAILHUB_MESSAGE_MAX_R
 _MESSAGE = {"to": EMAIL, "from": MAILBOX, "reply_to": MAILBOX, "template": f"{EXISTING}; {CONTENT}",
             "subject": CONTENT, "text": CONTENT, "send_at": SCHEDULE, "context": f"{BYTES}; {RESERVED}",
             "metadata": BYTES, "headers": HEADERS, "cc": RECIPIENTS, "bcc": RECIPIENTS,
-            "cc.*": f"{EMAIL}; {RECIPIENTS}", "bcc.*": f"{EMAIL}; {RECIPIENTS}"}  # fmt: skip
+            "cc.*": f"{EMAIL}; {RECIPIENTS}", "bcc.*": f"{EMAIL}; {RECIPIENTS}",
+            "attachments.*.filename": EXECUTABLE, "attachments.*.content_type": CONTAINER,
+            "attachments.*.content_id": UNIQUE_CID}  # fmt: skip
 _CONTACT = {"email": f"{EMAIL}; {TAKEN}", "timezone": TIMEZONE, "attributes": BYTES}
 _TEMPLATE = {"name": TAKEN, "subject": SYNTAX, "html": SYNTAX, "text": SYNTAX}
 _CAMPAIGN = {"template": EXISTING, "contact_list": EXISTING, "from_email": MAILBOX}

@@ -4,11 +4,14 @@ received by the real aiosmtpd test server."""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import io
 import itertools
 import json
 import re
 from collections.abc import Callable, Iterator
+from email import message_from_bytes, policy
 from pathlib import Path
 
 import dkim
@@ -21,7 +24,7 @@ from campaigns.models import Campaign, Contact
 from delivery.exceptions import ProviderConfigurationError
 from delivery.models import Message, MessageStatus
 from delivery.providers import check_provider_settings, close_all, get_provider
-from delivery.providers.base import Outcome, OutgoingEmail
+from delivery.providers.base import Attachment, Outcome, OutgoingEmail
 from delivery.providers.dkim import DkimSigner, canonicalize_body, canonicalize_header
 from delivery.services.sending import send_messages
 from delivery.testing.smtp_server import SMTPTestServer
@@ -139,6 +142,21 @@ def test_rsa_and_ed25519_signatures_both_verify_on_the_message_the_smtp_server_r
     fields = re.findall(rb"^DKIM-Signature:.*?(?=^\S)", received, flags=re.MULTILINE | re.DOTALL)
     assert len(fields) == 2
     assert max(len(line) for field in fields for line in field.split(b"\r\n")) <= 78
+
+
+def test_a_message_with_attachments_and_an_inline_image_verifies_and_keeps_its_bytes(
+    smtp: SMTPTestServer, dkim_setting: str
+) -> None:
+    pdf, logo = bytes(range(256)) * 50 + b"\r\n.\r\n", b"\x89PNG\r\n\x1a\n" + bytes(range(256))
+    files = (
+        Attachment("Quittung für März.pdf", "application/pdf", pdf, hashlib.sha256(pdf).hexdigest()),
+        Attachment("logo.png", "image/png", logo, hashlib.sha256(logo).hexdigest(), "logo"),
+    )
+    received = send_and_receive(smtp, dataclasses.replace(email(), attachments=files))
+    assert verify_each(received, fake_dns(dkim_setting)) == [True, True]
+    parsed = message_from_bytes(received, policy=policy.default)
+    got = [(p.get_filename(), p.get_payload(decode=True)) for p in parsed.walk() if p.get_filename()]
+    assert sorted(got) == sorted([("Quittung für März.pdf", pdf), ("logo.png", logo)])
 
 
 def test_h_lists_both_list_unsubscribe_headers_and_the_required_ones_oversigned(

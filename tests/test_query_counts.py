@@ -111,6 +111,46 @@ def test_accepting_a_batch_takes_the_same_five_statements_for_10_or_200_messages
     assert accept(10) == accept(200) == ACCEPT_BATCH
 
 
+ACCEPT_ONE_WITH_ATTACHMENTS = [
+    "BEGIN",  # the contents and the row that names them commit together
+    "INSERT INTO delivery_attachmentcontent",  # each distinct content, ON CONFLICT DO NOTHING
+    "INSERT INTO delivery_message + INSERT INTO core_outboxtask",
+    "COMMIT",
+    "DELETE FROM core_outboxtask",
+]
+
+
+def with_pdf(n: int, **fields: Any) -> dict[str, Any]:
+    pdf = {"filename": "receipt.pdf", "content_type": "application/pdf", "content": "JVBERi0xLjQK"}
+    return factories.message_body(n, attachments=[pdf], **fields)
+
+
+@pytest.mark.usefixtures("fast_paths")
+def test_accepting_one_message_with_attachments_adds_one_insert_in_its_transaction(api: APIClient) -> None:
+    """POST /api/v1/messages with an attachment: its content's INSERT joins the message's
+    statement in one transaction (ACCEPT_ONE_WITH_ATTACHMENTS)."""
+    api = warmed(api)
+
+    def accept() -> None:
+        assert api.post("/api/v1/messages", with_pdf(1), format="json").status_code == 202
+
+    assert statements(accept) == ACCEPT_ONE_WITH_ATTACHMENTS
+
+
+@pytest.mark.usefixtures("fast_paths")
+def test_a_batch_with_attachments_adds_one_insert_for_10_or_200_messages(api: APIClient) -> None:
+    """POST /api/v1/messages/batch where every item attaches the same file: one INSERT of the
+    distinct contents, whatever the number of items."""
+    api = warmed(api)
+
+    def accept(size: int) -> list[str]:
+        items = [with_pdf(n, priority="normal") for n in range(size)]
+        return statements(lambda: api.post("/api/v1/messages/batch", {"messages": items}, format="json"))
+
+    expected = [*ACCEPT_BATCH[:1], "INSERT INTO delivery_attachmentcontent", *ACCEPT_BATCH[1:]]
+    assert accept(10) == accept(200) == expected
+
+
 # --- sending a batch: the claim and the record ----------------------------------------------------
 
 
@@ -173,6 +213,21 @@ def test_recording_a_batch_takes_the_same_statements_for_1_or_40_messages() -> N
 
     assert sending(1) == sending(40) == SEND_TRANSACTIONAL
     assert len(locmem.outbox) == 41
+
+
+@pytest.mark.usefixtures("locmem_providers")
+def test_a_batch_with_attachments_reads_their_contents_once_for_1_or_40_messages(api: APIClient) -> None:
+    """send_messages of messages that attach files: one SELECT of the batch's distinct contents
+    between the claim and the record, whatever the number of messages."""
+
+    def sending(size: int) -> list[str]:
+        items = [with_pdf(n, priority="normal", to=f"a{size}-{n}@example.com") for n in range(size)]
+        response = api.post("/api/v1/messages/batch", {"messages": items}, format="json")
+        return statements(sent([result["id"] for result in response.json()["results"]]))
+
+    expected = [SEND_TRANSACTIONAL[0], "SELECT FROM delivery_attachmentcontent", *SEND_TRANSACTIONAL[1:]]
+    assert sending(1) == sending(40) == expected
+    assert all(len(email.attachments) == 1 for email in locmem.outbox)
 
 
 @pytest.mark.usefixtures("locmem_providers")

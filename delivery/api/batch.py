@@ -19,6 +19,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core import api_input
+from core.api_json import RequestTooLarge
 from core.limits import limit_hit
 from delivery.api.serializers import MessageCreateSerializer, new_message
 from delivery.api.serializing import validated
@@ -144,7 +145,8 @@ class MessageBatchView(APIView):
             202: BatchResponseSerializer,
             400: OpenApiResponse(description="a bad envelope, or (all-or-nothing) bad items by index"),
             413: OpenApiResponse(
-                description=f"more messages than {BATCH_LIMIT_SETTING} (1,000), or too large a body"
+                description=f"more messages than {BATCH_LIMIT_SETTING} (1,000), too large a body, or "
+                "a message's attachments beyond EMAILHUB_ATTACHMENTS_MAX_BYTES"
             ),
             422: OpenApiResponse(
                 description="(all-or-nothing) items reusing an idempotency_key with another body"
@@ -180,6 +182,9 @@ class MessageBatchView(APIView):
                 invalid[index] = exc.detail
                 items.append(None)
                 continue
+            except RequestTooLarge as exc:  # a size, not a bad field: the whole request, by index
+                exc.detail = exceptions.ErrorDetail(f"messages.{index}: {exc.detail}", code=exc.default_code)
+                raise
             key = data.get("idempotency_key")
             fingerprint = None
             if key is not None:

@@ -11,10 +11,14 @@ from rest_framework import serializers
 
 from campaigns.models import Priority, Template
 from core import api_input, limits
+from core.api_json import RequestTooLarge
 from core.api_schema import EmailAddressField
+from core.limits import MaxItems
 from core.validators import ONE_LINE, TAG_PATTERN, no_crlf, validate_mailbox
+from delivery import attachments
 from delivery.headers import MAX_HEADERS, header_problems
 from delivery.models import EmailEvent, Message
+from delivery.services.attachments import NewAttachment
 from delivery.services.messages import NewMessage
 
 # Keys of Message.context that carried these flags before they became columns (delivery
@@ -84,6 +88,54 @@ def _check_recipients(attrs: dict[str, Any]) -> None:
             seen.add(address.lower())
 
 
+class AttachmentSerializer(api_input.ClosedSerializer):
+    """A file sent with the message; with `content_id`, an inline image the HTML shows as
+    `<img src="cid:…">`. Its content is stored once however many messages attach it."""
+
+    filename = serializers.RegexField(
+        attachments.FILENAME_PATTERN,
+        max_length=attachments.MAX_FILENAME_LENGTH,
+        trim_whitespace=False,
+        error_messages={"invalid": "must not contain a path separator (/ or \\) or a control character"},
+        help_text="the name the recipient sees (non-ASCII is fine); executable types mailbox "
+        "providers reject (.exe, .js, .bat…) are refused",
+    )
+    content_type = serializers.RegexField(
+        attachments.CONTENT_TYPE_PATTERN,
+        max_length=255,
+        error_messages={"invalid": "is not a media type type/subtype (application/pdf, image/png…)"},
+        help_text="the file's media type, e.g. application/pdf",
+    )
+    content = api_input.Base64Field(help_text="the file's bytes, base64 on one line")
+    content_id = serializers.RegexField(
+        attachments.CONTENT_ID_PATTERN,
+        max_length=128,
+        required=False,
+        error_messages={"invalid": "1 to 128 of A-Z a-z 0-9 . _ @ + -"},
+        help_text="makes it an inline image, referenced in the HTML as cid:<content_id>",
+    )
+
+    def validate_filename(self, value: str) -> str:
+        problem = attachments.filename_problem(value)
+        if problem:
+            raise serializers.ValidationError(problem)
+        return value
+
+    def validate_content_type(self, value: str) -> str:
+        problem = attachments.content_type_problem(value)
+        if problem:
+            raise serializers.ValidationError(problem)
+        return value.lower()
+
+    def validate(self, attrs: dict[str, Any]) -> NewAttachment:  # type: ignore[override]
+        return NewAttachment(
+            filename=attrs["filename"],
+            content_type=attrs["content_type"],
+            content=attrs["content"],
+            content_id=attrs.get("content_id"),
+        )
+
+
 class MessageCreateSerializer(api_input.Serializer):
     to = EmailAddressField(max_length=254)
     # Copies, each validated like `to`; with `to` at most EMAILHUB_MESSAGE_MAX_RECIPIENTS.
@@ -122,6 +174,16 @@ class MessageCreateSerializer(api_input.Serializer):
         validators=[MaxLengthValidator(MAX_HEADERS, message=f"at most {MAX_HEADERS} headers")],
     )
 
+    # Files, each decoded once here (the validated value holds their bytes); at most
+    # EMAILHUB_ATTACHMENTS_MAX_COUNT, of at most EMAILHUB_ATTACHMENTS_MAX_BYTES decoded in all.
+    attachments = serializers.ListField(
+        child=AttachmentSerializer(),
+        required=False,
+        validators=[MaxItems(limits.ATTACHMENTS_COUNT, "attachments")],
+        help_text="files sent with the message: at most EMAILHUB_ATTACHMENTS_MAX_COUNT (10), "
+        "EMAILHUB_ATTACHMENTS_MAX_BYTES (10 MiB) decoded in all (a 413 beyond)",
+    )
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fields["from"] = serializers.CharField(max_length=254, required=False)
@@ -145,6 +207,31 @@ class MessageCreateSerializer(api_input.Serializer):
         problems = header_problems(value)
         if problems:
             raise serializers.ValidationError([f"{name!r} {why}" for name, why in problems.items()])
+        return value
+
+    def validate_attachments(self, value: list[NewAttachment]) -> list[NewAttachment]:
+        total, limit = sum(len(a.content) for a in value), limits.ATTACHMENTS_BYTES.value()
+        if total > limit:
+            # A size, so a 413 as for a body too large, naming this limit (core.limits).
+            raise RequestTooLarge(
+                limit,
+                limits.ATTACHMENTS_BYTES.setting,
+                message=f"the attachments are {total} bytes decoded; at most {limit} "
+                f"({limits.ATTACHMENTS_BYTES.setting})",
+            )
+        seen: dict[str, int] = {}
+        errors: dict[str, Any] = {}
+        for index, attachment in enumerate(value):
+            if attachment.content_id is None:
+                continue
+            first = seen.setdefault(attachment.content_id, index)
+            if first != index:
+                # RFC 2392: a Content-ID names one body part of the message.
+                errors[str(index)] = {
+                    "content_id": [f"repeats attachment {first}'s; each inline image has its own"]
+                }
+        if errors:
+            raise serializers.ValidationError(errors)
         return value
 
     def validate_context(self, value: dict[str, Any]) -> dict[str, Any]:
@@ -211,7 +298,18 @@ def new_message(data: dict[str, Any]) -> NewMessage:
         headers=data.get("headers") or None,
         cc=tuple(data.get("cc") or ()),
         bcc=tuple(data.get("bcc") or ()),
+        attachments=tuple(data.get("attachments") or ()),
     )
+
+
+class AttachmentInfoSerializer(serializers.Serializer):
+    """What is kept of an attachment to show: never its content."""
+
+    filename = serializers.CharField()
+    content_type = serializers.CharField()
+    size = serializers.IntegerField(help_text="bytes, decoded")
+    sha256 = serializers.CharField(help_text="hex SHA-256 of the content")
+    content_id = serializers.CharField(allow_null=True, help_text="set for an inline image")
 
 
 class MessageSerializer(api_input.ModelSerializer):
@@ -223,6 +321,7 @@ class MessageSerializer(api_input.ModelSerializer):
     metadata = serializers.DictField(child=serializers.CharField(), read_only=True)
     cc = serializers.ListField(child=EmailAddressField(), read_only=True)
     bcc = serializers.ListField(child=EmailAddressField(), read_only=True)
+    attachments = AttachmentInfoSerializer(many=True, read_only=True, help_text="[] when none")
 
     class Meta:
         model = Message
@@ -247,13 +346,19 @@ class MessageSerializer(api_input.ModelSerializer):
             "metadata",
             "cc",
             "bcc",
+            "attachments",
         ]
         read_only_fields = fields
 
     def to_representation(self, instance: Message) -> dict[str, Any]:
         data: dict[str, Any] = super().to_representation(instance)
-        data["cc"], data["bcc"] = data.get("cc") or [], data.get("bcc") or []
-        return {**data, **_attached(data.get("tags") or _campaign_tags(instance), data.get("metadata"))}
+        return {
+            **data,
+            **_attached(data.get("tags") or _campaign_tags(instance), data.get("metadata")),
+            "cc": data.get("cc") or [],
+            "bcc": data.get("bcc") or [],
+            "attachments": data.get("attachments") or [],
+        }
 
 
 def _campaign_tags(message: Message) -> list[str] | None:

@@ -12,11 +12,12 @@ from django.conf import settings
 
 from delivery.exceptions import ProviderConfigurationError
 from delivery.plugins import named_classes
-from delivery.providers.base import UNGUARDED, Guard, Outcome, OutgoingEmail, Provider, SendResult
+from delivery.providers.base import UNGUARDED, Attachment, Guard, Outcome, OutgoingEmail, Provider, SendResult
 
 __all__ = [
     "CHAIN_SETTINGS",
     "UNGUARDED",
+    "Attachment",
     "Guard",
     "Outcome",
     "OutgoingEmail",

@@ -39,6 +39,18 @@ class Outcome(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class Attachment:
+    """A file sent with an email (delivery.attachments says what a valid one is)."""
+
+    filename: str
+    content_type: str
+    content: bytes
+    sha256: str  # of `content`: emails with the same files share a SendGrid request
+    # Set for an inline image the HTML references as `cid:<content_id>`.
+    content_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class OutgoingEmail:
     message_id: int  # our database id, echoed in the X-Emailhub-Message header
     to: str
@@ -52,6 +64,7 @@ class OutgoingEmail:
     # way (SMTP envelope, SES Destination, SendGrid personalization).
     cc: tuple[str, ...] = ()
     bcc: tuple[str, ...] = ()
+    attachments: tuple[Attachment, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

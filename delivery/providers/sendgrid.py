@@ -7,10 +7,13 @@ personalization's `substitutions` fills in — SendGrid caps substitutions at 10
 personalization, so a larger body is sent in a request of its own. Each email's own headers go
 in its personalization's `headers`, so every recipient of a shared request gets exactly its own;
 a header SendGrid does not let us set is refused (UnsupportedFeature), never dropped.
+Attachments belong to the request, not to a personalization: only emails with the same files
+share a request, and each file travels once per request in its `attachments` array.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 from collections.abc import Sequence
@@ -29,6 +32,7 @@ from delivery.exceptions import (
     UnsupportedFeature,
 )
 from delivery.providers.base import (
+    Attachment,
     Guard,
     OutgoingEmail,
     Provider,
@@ -104,10 +108,14 @@ class SendGridProvider(Provider):
             )
 
     def split(self, emails: Sequence[OutgoingEmail]) -> list[list[OutgoingEmail]]:
-        """Split a batch into requests: ≤1000 recipients each, one sender and reply-to each."""
-        groups: dict[tuple[str, str | None], list[OutgoingEmail]] = {}
+        """Split a batch into requests: ≤1000 recipients each, one sender, reply-to and set of
+        attachments each."""
+        groups: dict[tuple[str, str | None, tuple[tuple[str, ...], ...]], list[OutgoingEmail]] = {}
         for email in emails:
-            groups.setdefault((email.from_email, email.reply_to), []).append(email)
+            files = tuple(
+                (a.sha256, a.filename, a.content_type, a.content_id or "") for a in email.attachments
+            )
+            groups.setdefault((email.from_email, email.reply_to, files), []).append(email)
         requests: list[list[OutgoingEmail]] = []
         for group in groups.values():
             shared = len({(e.text, e.html) for e in group}) == 1
@@ -156,6 +164,8 @@ class SendGridProvider(Provider):
         }
         if first.reply_to:
             body["reply_to"] = _address(first.reply_to)
+        if first.attachments:  # the same for every email of the request (split)
+            body["attachments"] = [_attachment(a) for a in first.attachments]
         return body
 
     def send_request(self, group: list[OutgoingEmail], guard: Guard) -> dict[int, SendResult]:
@@ -204,6 +214,20 @@ class SendGridProvider(Provider):
                 return results
         # A refusal we cannot pin on a recipient: not the recipients' fault, so no suppression.
         return {email.message_id: SendResult.transient(detail) for email in group}
+
+
+def _attachment(attachment: Attachment) -> dict[str, str]:
+    """One entry of the request's `attachments` (the mail-send reference above): an inline one
+    is referenced from the HTML by its content_id."""
+    entry = {
+        "content": base64.b64encode(attachment.content).decode("ascii"),
+        "filename": attachment.filename,
+        "type": attachment.content_type,
+        "disposition": "inline" if attachment.content_id else "attachment",
+    }
+    if attachment.content_id:
+        entry["content_id"] = attachment.content_id
+    return entry
 
 
 def _substitution_size(email: OutgoingEmail) -> int:

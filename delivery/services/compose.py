@@ -3,14 +3,15 @@
 Everything a batch's emails are built from is loaded once per batch, never per recipient: its
 templates (compiled once each, with an unsubscribe footer for campaign messages), its contacts,
 its campaigns' sender and tracking opt-ins, and the tracked HTML of each template (links and
-pixel cut into slots once). Per message only the merge context is made and rendered, the
-unsubscribe link and its List-Unsubscribe headers added, and the tracking tokens signed.
+pixel cut into slots once), and its attachments' contents (one SELECT, each distinct content
+once however many messages attach it). Per message only the merge context is made and rendered,
+the unsubscribe link and its List-Unsubscribe headers added, and the tracking tokens signed.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from django.conf import settings
@@ -25,7 +26,8 @@ from campaigns.unsubscribe import (
     with_footer,
 )
 from core.templating import EmailTemplate, TemplateSyntaxError
-from delivery.providers import OutgoingEmail
+from delivery.providers import Attachment, OutgoingEmail
+from delivery.services.attachments import load_contents
 from delivery.services.transitions import ClaimedMessage
 from delivery.tracking.links import TrackedHtml
 
@@ -46,6 +48,7 @@ class _Batch:
     tracking: dict[int, tuple[bool, bool]]  # campaign id → (track opens, track clicks)
     issued_at: int  # one issue time for the batch's unsubscribe tokens
     default_from: str
+    contents: Mapping[str, bytes]  # attachment contents by SHA-256, each distinct one once
     # Tracked HTML, split into chunks and link slots once per batch and template (link
     # rewriting costs a parse here, never per recipient).
     tracked: dict[_TemplateKey, TrackedHtml] = field(default_factory=dict)
@@ -85,6 +88,7 @@ def _load(messages: Sequence[ClaimedMessage]) -> _Batch:
         tracking={pk: (opens, clicks) for pk, _, opens, clicks in campaign_rows},
         issued_at=int(time.time()),
         default_from=settings.EMAILHUB_DEFAULT_FROM,
+        contents=load_contents(a["sha256"] for m in messages for a in m.attachments or ()),
     )
 
 
@@ -126,6 +130,9 @@ def _compose_one(m: ClaimedMessage, batch: _Batch) -> OutgoingEmail | str:
         parts = _inline(m, opens=opens, clicks=clicks)
     subject, html, text = parts
     left_out = {address.lower() for address in m.suppressed_copies or ()}
+    attachments = _attachments(m, batch.contents)
+    if isinstance(attachments, str):
+        return attachments
     return OutgoingEmail(
         message_id=m.id,
         to=m.to_email,
@@ -138,7 +145,28 @@ def _compose_one(m: ClaimedMessage, batch: _Batch) -> OutgoingEmail | str:
         html=html,
         reply_to=m.reply_to,
         headers=headers,
+        attachments=attachments,
     )
+
+
+def _attachments(m: ClaimedMessage, contents: Mapping[str, bytes]) -> tuple[Attachment, ...] | str:
+    """A message's attachments with their contents, or why they cannot be had (a content that
+    is not stored: the message fails rather than going out without a file it promised)."""
+    attached = []
+    for described in m.attachments or ():
+        content = contents.get(described["sha256"])
+        if content is None:
+            return f"the content of attachment {described['filename']!r} is not stored"
+        attached.append(
+            Attachment(
+                filename=described["filename"],
+                content_type=described["content_type"],
+                content=content,
+                sha256=described["sha256"],
+                content_id=described.get("content_id"),
+            )
+        )
+    return tuple(attached)
 
 
 def _from_template(

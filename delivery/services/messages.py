@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -16,7 +17,9 @@ from campaigns.models import Template
 from core.schedule_index import index_after_commit, message_unit
 from delivery.exceptions import BatchConflict, IdempotencyConflict
 from delivery.models import ApiKey, Message, MessageStatus
+from delivery.services import attachments as attachment_contents
 from delivery.services import send_tasks, transitions
+from delivery.services.attachments import NewAttachment
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,8 @@ class NewMessage:
     # Copies: cc in the Cc header, bcc in none.
     cc: tuple[str, ...] = ()
     bcc: tuple[str, ...] = ()
+    # Files sent with it, decoded (delivery.attachments says which may be given).
+    attachments: tuple[NewAttachment, ...] = ()
 
 
 def request_fingerprint(body: Any) -> str:
@@ -77,18 +82,25 @@ def accept_message(
     # even inside a caller's transaction). Outside one (a web request) it runs in autocommit:
     # the row and its outbox task are their own transaction, no BEGIN or COMMIT round trips. A
     # concurrent request with the same key waits on the unique index for the other's commit,
-    # inserts nothing, and then reads the winner's committed row.
-    if scheduled:
-        inserted = transitions.insert_one(api_key_id, row)
-    else:
-        inserted = transitions.insert_one(
-            api_key_id, row, run=lambda sql, params: send_tasks.insert_with_send(sql, params, new.priority)
-        )
-    if inserted is None:
-        existing = Message.objects.get(api_key=api_key, idempotency_key=idempotency_key)
-        if existing.request_fingerprint != fingerprint:
-            raise IdempotencyConflict("this Idempotency-Key was already used with a different request body")
-        return existing, False
+    # inserts nothing, and then reads the winner's committed row. A message with attachments
+    # adds their contents' INSERT, in one transaction with the row that names them.
+    with transaction.atomic() if new.attachments else nullcontext():
+        attachment_contents.store_contents(new.attachments)
+        if scheduled:
+            inserted = transitions.insert_one(api_key_id, row)
+        else:
+            inserted = transitions.insert_one(
+                api_key_id,
+                row,
+                run=lambda sql, params: send_tasks.insert_with_send(sql, params, new.priority),
+            )
+        if inserted is None:
+            existing = Message.objects.get(api_key=api_key, idempotency_key=idempotency_key)
+            if existing.request_fingerprint != fingerprint:
+                raise IdempotencyConflict(
+                    "this Idempotency-Key was already used with a different request body"
+                )
+            return existing, False
     message = _stored(columns, api_key, new.template, *inserted)
     if scheduled:
         index_after_commit([(message_unit(message.pk), row["due_at"])])
@@ -133,6 +145,7 @@ def _columns(
         "tags": list(new.tags) or None,
         "metadata": new.metadata or None,
         "headers": new.headers or None,
+        "attachments": attachment_contents.metadata(new.attachments),
         "priority": new.priority,
         "status": MessageStatus.SCHEDULED if scheduled else MessageStatus.QUEUED,
         "due_at": new.send_at if scheduled else None,
@@ -184,6 +197,8 @@ def accept_batch(items: list[BatchItem], *, api_key: ApiKey | None, partial: boo
     rows = _leader_rows(items, leaders, now)
     api_key_id = api_key.pk if api_key is not None else None
     with transaction.atomic():
+        # Each distinct content once for the whole batch (none: no statement).
+        attachment_contents.store_contents(a for i in leaders for a in items[i].message.attachments)
         inserted = transitions.insert_many(api_key_id, rows)
         fresh, scheduled, taken = _place_inserted(items, leaders, rows, inserted, accepted)
         if taken:

@@ -73,6 +73,7 @@ NEW_COLUMNS = {
     "tags": "jsonb",
     "metadata": "jsonb",
     "headers": "jsonb",
+    "attachments": "jsonb",
     "priority": "text",
     "status": "text",
     "due_at": "timestamptz",
@@ -375,7 +376,7 @@ _SUPPRESSED_COPIES = f"""CASE WHEN m.cc IS NULL AND m.bcc IS NULL THEN NULL ELSE
                WHERE {suppressed_sql("a", marketing=MARKETING_SQL)}) END"""
 _CLAIM_RETURNING = f"""m.id, m.campaign_id, m.contact_id, m.template_id, m.to_email, m.from_email,
           m.reply_to, m.subject, m.html, m.text, m.context, m.list_unsubscribe, m.track_opens,
-          m.track_clicks, m.headers, m.priority, m.attempts,
+          m.track_clicks, m.headers, m.attachments, m.priority, m.attempts,
           {suppressed_sql("m.to_email", marketing=MARKETING_SQL)}, m.claimed_at, m.cc, m.bcc,
           {_SUPPRESSED_COPIES}"""
 _CLAIM_SQL = f"""
@@ -420,7 +421,8 @@ RETURNING {_CLAIM_RETURNING}
 _CLAIM_COLUMNS = (
     "id", "campaign_id", "contact_id", "template_id", "to_email", "from_email", "reply_to",
     "subject", "html", "text", "context", "list_unsubscribe", "track_opens", "track_clicks",
-    "headers", "priority", "attempts", "suppressed", "claimed_at", "cc", "bcc", "suppressed_copies",
+    "headers", "attachments", "priority", "attempts", "suppressed", "claimed_at", "cc", "bcc",
+    "suppressed_copies",
 )  # fmt: skip
 
 
@@ -441,6 +443,7 @@ class ClaimedMessage:
     track_opens: bool
     track_clicks: bool
     headers: Any  # the application's own headers (a dict), or None
+    attachments: Any  # Message.attachments: a list of metadata (contents by hash), or None
     priority: str
     attempts: int
     suppressed: bool
@@ -459,6 +462,8 @@ class ClaimedMessage:
             self.cc = json.loads(self.cc)
         if isinstance(self.bcc, str):
             self.bcc = json.loads(self.bcc)
+        if isinstance(self.attachments, str):
+            self.attachments = json.loads(self.attachments)
 
 
 def claim(message_ids: Sequence[int]) -> list[ClaimedMessage]:

@@ -1,7 +1,8 @@
 """A local server that speaks SendGrid's v3 `POST /v3/mail/send` contract.
 
 It checks requests the way SendGrid does (bearer key, 1–1000 personalizations, a valid address
-in each `to`, a sender, a subject, text/plain before text/html), answers 202 with an
+in each `to`, a sender, a subject, text/plain before text/html, attachments with base64 content,
+a filename and a content_id when inline), answers 202 with an
 `X-Message-Id`, and records each delivered recipient with substitutions applied. It can be told
 to answer 500/429 (with a `Retry-After`)/503 to everything, or to reject particular addresses with a 400 that names the
 personalization, as SendGrid does.
@@ -9,6 +10,8 @@ personalization, as SendGrid does.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import re
 import threading
@@ -31,6 +34,8 @@ class Delivered:
     custom_args: dict[str, str]
     message_id: str
     headers: dict[str, str]  # the request's headers overlaid with the personalization's
+    # The request's attachments: (filename, type, disposition, content_id or None, decoded bytes).
+    attachments: tuple[tuple[str, str, str, str | None, bytes], ...] = ()
 
 
 class _State:
@@ -75,7 +80,7 @@ def _validate(body: Any, rejected: set[str]) -> tuple[int, dict[str, Any]] | Non
     types = [part.get("type") for part in content]
     if "text/plain" in types and types.index("text/plain") != 0:
         return _errors(400, [{"message": "If present, text/plain must be first.", "field": "content.0.type"}])
-    errors = []
+    errors = _attachment_errors(body.get("attachments"))
     for index, personalization in enumerate(personalizations):
         for to_index, recipient in enumerate(personalization.get("to") or [{}]):
             email = str(recipient.get("email", ""))
@@ -91,6 +96,51 @@ def _validate(body: Any, rejected: set[str]) -> tuple[int, dict[str, Any]] | Non
                 {"message": "The subject is required.", "field": f"personalizations.{index}.subject"}
             )
     return _errors(400, errors) if errors else None
+
+
+def _attachment_errors(attachments: Any) -> list[dict[str, Any]]:
+    """SendGrid's rules for `attachments`: content (base64) and filename required, disposition
+    `attachment` or `inline`, an inline one with a content_id."""
+    if attachments is None:
+        return []
+    if not isinstance(attachments, list):
+        return [{"message": "The attachments field must be an array.", "field": "attachments"}]
+    errors = []
+    for index, item in enumerate(attachments):
+        field = f"attachments.{index}"
+        try:
+            base64.b64decode(str(item.get("content", "")), validate=True)
+        except binascii.Error:
+            errors.append(
+                {"message": "The attachment content must be base64 encoded.", "field": f"{field}.content"}
+            )
+        if not item.get("content"):
+            errors.append({"message": "The attachment content is required.", "field": f"{field}.content"})
+        if not item.get("filename"):
+            errors.append({"message": "The attachment filename is required.", "field": f"{field}.filename"})
+        if item.get("disposition", "attachment") not in ("attachment", "inline"):
+            errors.append({"message": "Invalid disposition.", "field": f"{field}.disposition"})
+        if item.get("disposition") == "inline" and not item.get("content_id"):
+            errors.append(
+                {
+                    "message": "The content_id is required for an inline attachment.",
+                    "field": f"{field}.content_id",
+                }
+            )
+    return errors
+
+
+def _attachments(body: dict[str, Any]) -> tuple[tuple[str, str, str, str | None, bytes], ...]:
+    return tuple(
+        (
+            item["filename"],
+            item.get("type", ""),
+            item.get("disposition", "attachment"),
+            item.get("content_id"),
+            base64.b64decode(item["content"]),
+        )
+        for item in body.get("attachments") or ()
+    )
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -147,6 +197,7 @@ class _Handler(BaseHTTPRequestHandler):
         if invalid is not None:
             return self._reply(*invalid)
         message_id = uuid.uuid4().hex[:22]
+        attachments = _attachments(body)
         delivered = []
         for personalization in body["personalizations"]:
             values = dict(personalization.get("substitutions") or {})
@@ -167,6 +218,7 @@ class _Handler(BaseHTTPRequestHandler):
                         custom_args=dict(personalization.get("custom_args") or {}),
                         message_id=message_id,
                         headers={**(body.get("headers") or {}), **(personalization.get("headers") or {})},
+                        attachments=attachments,
                     )
                 )
         with state.lock:
