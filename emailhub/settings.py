@@ -398,6 +398,10 @@ EMAILHUB_MESSAGE_MAX_RECIPIENTS = env_int("EMAILHUB_MESSAGE_MAX_RECIPIENTS", 50,
 # in memory at once (delivery.services.compose).
 EMAILHUB_ATTACHMENTS_MAX_BYTES = env_int("EMAILHUB_ATTACHMENTS_MAX_BYTES", 10 * 1024 * 1024, minimum=1024)
 EMAILHUB_ATTACHMENTS_MAX_COUNT = env_int("EMAILHUB_ATTACHMENTS_MAX_COUNT", 10, minimum=1)
+# A worker composes and sends a claimed batch in parts of at most this many bytes of attachments
+# (delivery.services.sending.by_attachment_bytes): its memory per batch stays near this plus
+# its base64 (4/3), whatever the batch size (bench/attachments.py measures the peak RSS).
+EMAILHUB_SEND_PART_BYTES = env_int("EMAILHUB_SEND_PART_BYTES", 32 * 1024 * 1024, minimum=1024 * 1024)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["delivery.authentication.ApiKeyAuthentication"],

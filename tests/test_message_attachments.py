@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from collections.abc import Iterator
+import os
 from email import message_from_bytes, policy
 from email.message import EmailMessage
 from typing import Any
@@ -19,10 +19,10 @@ from campaigns import fanout
 from core.models import OutboxTask
 from delivery.attachments import BLOCKED_EXTENSIONS
 from delivery.models import AttachmentContent, Message
-from delivery.providers import close_all
 from delivery.providers.base import Attachment, OutgoingEmail
 from delivery.providers.mime import render
-from delivery.services.sending import send_messages
+from delivery.services.sending import by_attachment_bytes, send_messages
+from delivery.services.transitions import claim
 from delivery.testing.sendgrid_server import SendGridTestServer
 from delivery.testing.ses_server import SESTestServer
 from delivery.testing.smtp_server import SMTPTestServer
@@ -279,31 +279,6 @@ def test_mime_without_html_puts_the_text_and_files_in_a_mixed() -> None:
 # --- through every provider ---------------------------------------------------------------------
 
 
-@pytest.fixture
-def through(
-    settings,  # noqa: ANN001
-    smtp: SMTPTestServer,
-    ses_server: SESTestServer,
-    sendgrid_server: SendGridTestServer,
-) -> Iterator[Any]:
-    """Choose the one provider the transactional pool sends through."""
-    ses_server.reset()
-    sendgrid_server.clear()
-    settings.SES_ENDPOINT_URL = ses_server.endpoint_url
-    settings.SES_ACCESS_KEY_ID = settings.SES_SECRET_ACCESS_KEY = "test"
-    settings.SENDGRID_API_KEY = sendgrid_server.api_key
-    settings.SENDGRID_HOST = sendgrid_server.url
-
-    def choose(name: str) -> None:
-        settings.EMAILHUB_PROVIDERS_TRANSACTIONAL = [name]
-        close_all()
-
-    yield choose
-    close_all()
-    ses_server.reset()
-    sendgrid_server.clear()
-
-
 def accept_and_send(api: APIClient, count: int = 1) -> list[int]:
     items = [
         {**VALID, "to": f"r{n}@example.com", "attachments": [file(NAMES), LOGO_FILE]} for n in range(count)
@@ -380,3 +355,38 @@ def test_sendgrid_sends_emails_with_different_files_in_different_requests(
     assert sorted((d.to, d.attachments[0][0], d.attachments[0][4]) for d in sendgrid_server.delivered) == [
         (f"d{n}@example.com", f"n{n}.pdf", PDF + bytes([n])) for n in range(2)
     ]
+
+
+def test_a_batch_is_sent_in_parts_bounded_by_attachment_bytes_and_each_message_once(
+    settings,  # noqa: ANN001
+    smtp: SMTPTestServer,
+) -> None:
+    """EMAILHUB_SEND_PART_BYTES: a claimed batch is composed and sent a part at a time, so a
+    worker never holds a whole batch's files and MIME; every message still goes once."""
+    settings.EMAILHUB_PROVIDERS_TRANSACTIONAL = ["smtp"]
+    settings.EMAILHUB_SEND_PART_BYTES = 2 * 1024 * 1024
+    api, _ = factories.api_client("send", "read")
+    files = [os.urandom(700 * 1024) for _ in range(5)]  # five distinct 700 KiB files
+    ids = [
+        api.post(
+            "/api/v1/messages",
+            {"to": f"p{n}@example.com", "subject": "s", "text": "t", "priority": "high",
+             "attachments": [{"filename": f"f{n}.bin", "content_type": "application/octet-stream",
+                              "content": base64.b64encode(files[n]).decode()}]},
+            format="json",
+        ).json()["id"]
+        for n in range(5)
+    ]  # fmt: skip
+    claimed = claim(ids)
+    assert [[m.id for m in part] for part in by_attachment_bytes(claimed, 2 * 1024 * 1024)] == [
+        ids[:2],
+        ids[2:4],
+        ids[4:],
+    ]
+    Message.objects.filter(pk__in=ids).update(status="queued")
+    assert send_messages(ids).sent == 5
+    got = {m.rcpt_tos[0]: m.parsed() for m in smtp.messages}
+    for n in range(5):
+        [part] = [p for p in got[f"p{n}@example.com"].iter_attachments()]
+        assert part.get_content() == files[n]
+    assert by_attachment_bytes([], 1) == []

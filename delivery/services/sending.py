@@ -147,11 +147,12 @@ def _send_claimed(claimed: list[ClaimedMessage], asked_at: float, clock: Callabl
     outcomes = Outcomes()
     outcomes.suppressed = [(m.id, "address is on the suppression list") for m in claimed if m.suppressed]
     sendable = [m for m in claimed if not m.suppressed]
-    emails, unbuildable = compose(sendable)
-    outcomes.failed += unbuildable
     # A batch never mixes pools: fan-out and the sweeps group ids by priority.
     delivery = _Delivery(outcomes, lease, pool_for(sendable[0].priority) if sendable else BULK)
-    delivery.settle(delivery.over_chain(emails), {m.id: m for m in sendable})
+    for part in by_attachment_bytes(sendable, settings.EMAILHUB_SEND_PART_BYTES):
+        emails, unbuildable = compose(part)
+        outcomes.failed += unbuildable
+        delivery.settle(delivery.over_chain(emails), {m.id: m for m in part})
     if lease.token is not None:
         record(outcomes, lease.token, campaign_rows=any(m.campaign_id is not None for m in claimed))
         _record_left_out(sendable, outcomes, delivery.refused_copies)
@@ -163,6 +164,24 @@ def _send_claimed(claimed: list[ClaimedMessage], asked_at: float, clock: Callabl
         retrying=len(outcomes.retry) + len(outcomes.deferred),
         abandoned=len(lease.lost),
     )
+
+
+def by_attachment_bytes(messages: list[ClaimedMessage], budget: int) -> list[list[ClaimedMessage]]:
+    """`messages` in consecutive parts whose attachments add up to at most `budget` bytes (a
+    message over it alone): each part is composed, sent and let go before the next, so a
+    worker holds one part's contents and rendered MIME, not a batch's (a batch of 100 with a
+    10 MiB file each would be 1 GiB of contents and 1.4 GiB of base64). A batch without
+    attachments is one part: nothing changes for it."""
+    parts: list[list[ClaimedMessage]] = [[]]
+    held = 0
+    for message in messages:
+        size = sum(int(a.get("size", 0)) for a in message.attachments or ())
+        if parts[-1] and held + size > budget:
+            parts.append([])
+            held = 0
+        parts[-1].append(message)
+        held += size
+    return parts if parts[0] else []
 
 
 class _Delivery:
