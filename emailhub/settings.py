@@ -66,7 +66,9 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    # First, so it also turns the pages the other middleware produce into JSON on /api/.
+    # A collection before a large body frees what the last ones left in cycles (core/large_bodies.py).
+    "core.large_bodies.CollectBeforeLargeBodies",
+    # First of the rest, so it also turns the pages the other middleware produce into JSON on /api/.
     "core.api_errors.ApiErrorMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Serves /static/ from STATIC_ROOT in every way of running (gunicorn, compose, the image):
