@@ -15,7 +15,7 @@ from django.utils.html import format_html
 from campaigns.models import Campaign
 from core.admin import ReadOnlyAdmin, ZonedTimesMixin, zoned
 from delivery.authentication import revoke_api_key
-from delivery.models import ApiKey, ApiKeyScope, EmailEvent, Message
+from delivery.models import ApiKey, ApiKeyScope, AttachmentContent, EmailEvent, Message
 from delivery.selectors import feedback_rates_by_provider, provider_chains, provider_health
 from delivery.services import operator
 from delivery.services.operator import OperatorReport
@@ -150,6 +150,17 @@ class EmailEventAdmin(ReadOnlyAdmin):
     # `=recipient` is what the contact page links to (?recipient=…); lower-case, as stored.
     search_fields = ("=recipient", "=provider_event_id")
     raw_id_fields = ("message",)
+    show_full_result_count = False
+
+
+@admin.register(AttachmentContent)
+class AttachmentContentAdmin(ReadOnlyAdmin):
+    """Each distinct attachment content once (delivery.services.attachments); the bytes are not
+    shown, only what identifies them. Messages name a content by its SHA-256."""
+
+    list_display = ("sha256", "size", "created_at")
+    fields = ("sha256", "size", "created_at")
+    search_fields = ("=sha256",)
     show_full_result_count = False
 
 
