@@ -28,7 +28,7 @@ from delivery.testing.ses_server import SESTestServer
 from delivery.testing.smtp_server import SMTPTestServer
 from tests import factories
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 # Bytes no text transfer would leave alone: every byte value, CR and LF among them.
 PDF = b"%PDF-1.4\r\n" + bytes(range(256)) * 40 + b"\n%%EOF\r\n"

@@ -21,7 +21,7 @@ from delivery.testing.ses_server import SESTestServer
 from delivery.testing.smtp_server import SMTPTestServer
 from tests.test_webhook_sendgrid import key, post_signed, webhook_key  # noqa: F401 - the fixtures
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 TO, CC, BCC = "ann@example.com", ["bob@example.com", "cy@example.com"], ["dee@example.com"]
 VALID = {"to": TO, "cc": CC, "bcc": BCC, "subject": "Minutes", "text": "Attached.", "priority": "high"}

@@ -17,7 +17,7 @@ from delivery.testing.sendgrid_server import SendGridTestServer
 from delivery.testing.ses_server import SESTestServer
 from delivery.testing.smtp_server import SMTPTestServer
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 VALID = {"to": "ann@example.com", "subject": "Re: your order", "text": "Shipped.", "priority": "high"}
 THREAD = {
