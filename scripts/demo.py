@@ -15,6 +15,7 @@ no beat or scheduler started on that database later mails the demo's contacts.
 
 from __future__ import annotations
 
+import base64
 import os
 import sys
 import threading
@@ -22,6 +23,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "emailhub.settings")
@@ -361,6 +363,58 @@ def show_failover(
         )
 
 
+def show_message_api(base_url: str, key: str) -> bool:
+    """After the 202 (issue 21): a reminder cancelled by its tag while another goes at its time,
+    and a receipt with tags, metadata, copies, a header and a PDF attachment."""
+    console.rule("the message API after the 202")
+    headers = {"Authorization": f"Bearer {key}"}
+    due = (datetime.now(UTC) + timedelta(seconds=3)).isoformat()
+    reminders = {}
+    for user in ("user-1", "user-2"):
+        body: dict[str, Any] = {"to": f"{user}@demo.example.com", "subject": "Finish signing up", "text": "One step left.",
+                "priority": "high", "send_at": due, "tags": [f"reminder:{user}"], "metadata": {"user": user}}  # fmt: skip
+        reminders[user] = requests.post(
+            f"{base_url}/api/v1/messages", json=body, headers=headers, timeout=10
+        ).json()["id"]
+    report = requests.post(
+        f"{base_url}/api/v1/messages/cancel", json={"tag": "reminder:user-1"}, headers=headers, timeout=10
+    ).json()
+    console.print(f"  two reminders due {due[11:19]}; user-1 completes the action: cancel by tag -> {report}")
+    pdf = b"%PDF-1.4\n% emailhub demo receipt\n" + bytes(range(256)) * 64
+    receipt: dict[str, Any] = {
+        "to": "buyer@demo.example.com", "cc": ["accounts@demo.example.com"], "bcc": ["audit@demo.example.com"],
+        "subject": "Your receipt", "text": "Thanks for your order.", "priority": "high",
+        "tags": ["receipt", "order-1234"], "metadata": {"order": "1234"},
+        "headers": {"X-Entity-Ref-ID": "order-1234"},
+        "attachments": [{"filename": "receipt-1234.pdf", "content_type": "application/pdf",
+                         "content": base64.b64encode(pdf).decode("ascii")}],
+    }  # fmt: skip
+    receipt_id = requests.post(
+        f"{base_url}/api/v1/messages", json=receipt, headers=headers, timeout=10
+    ).json()["id"]
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        states = {
+            name: requests.get(f"{base_url}/api/v1/messages/{i}", headers=headers, timeout=10).json()
+            for name, i in {**reminders, "receipt": receipt_id}.items()
+        }
+        if states["user-2"]["status"] == "sent" and states["receipt"]["status"] == "sent":
+            break
+        time.sleep(0.3)
+    for name, state in states.items():
+        console.print(f"  {name}: {state['status']} via {state['provider']}, tags {state['tags']}, cc {state['cc']}, "
+                      f"attachments {[a['filename'] for a in state['attachments']]}")  # fmt: skip
+    tagged = requests.get(
+        f"{base_url}/api/v1/messages", params={"tag": "order-1234"}, headers=headers, timeout=10
+    )
+    console.print(f"  GET /api/v1/messages?tag=order-1234 -> {[m['id'] for m in tagged.json()['results']]}")
+    return (
+        report["cancelled"] == 1
+        and [states[n]["status"] for n in ("user-1", "user-2", "receipt")] == ["cancelled", "sent", "sent"]
+        and [m["id"] for m in tagged.json()["results"]] == [receipt_id]
+    )
+
+
 def main() -> int:
     sink_port, web_port = free_port(), free_port()
     redis.Redis.from_url(DEMO_REDIS_URL).flushdb()
@@ -428,6 +482,7 @@ def main() -> int:
         )
         ok = ok and campaign.get("status") == "completed"
         show_failover(base_url, key, ids, broke_at, ses, stack)
+        ok = show_message_api(base_url, key) and ok
         console.rule("scheduling")
         ok = wait_for_recurring(base_url, key, recurring) and ok
     finally:
