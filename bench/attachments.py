@@ -37,7 +37,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.lib.common import bench_database, bench_env  # noqa: E402
+from bench.lib.common import bench_database, prepare_alone  # noqa: E402
 
 DATABASE = bench_database("emailhub_bench_attach")
 REDIS_URL = os.environ.get("BENCH_ATTACH_REDIS_URL", "redis://127.0.0.1:6379/11")
@@ -162,13 +162,16 @@ def main() -> None:
 
     from bench.lib.smtp_sink import open_sink
 
-    env = {**os.environ, **bench_env(DATABASE, REDIS_URL)}
-    for argv in (["scripts/ensure_db.py"], ["manage.py", "migrate", "--noinput", "-v0"]):
-        subprocess.run([sys.executable, *argv], cwd=ROOT, env=env, check=True)
-    truncate = (
-        "TRUNCATE delivery_message, core_outboxtask, delivery_emailevent, delivery_attachmentcontent CASCADE"
-    )
-    subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-d", DATABASE, "-qc", truncate], check=True)
+    env = {**os.environ, **prepare_alone(DATABASE, REDIS_URL)}  # created, migrated, and ours alone
+    from django.db import connection
+
+    def empty_tables() -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "TRUNCATE delivery_message, core_outboxtask, delivery_emailevent, delivery_attachmentcontent CASCADE"
+            )
+
+    empty_tables()
     print(f"load at start: {os.getloadavg()[0]:.2f}")
     with open_sink(args.sink) as sink:
         worker_env = {
@@ -178,9 +181,7 @@ def main() -> None:
             "EMAILHUB_PROVIDERS_BULK": "smtp",
         }
         one = run_child("accept_one", env, args)
-        subprocess.run(
-            ["psql", "-h", "127.0.0.1", "-U", "postgres", "-d", DATABASE, "-qc", truncate], check=True
-        )
+        empty_tables()
         print(f"accept, one request of {PER_REQUEST} ({one['body_mb']:.1f} MiB of JSON): RSS {one['ready_mb']:.0f} MB "
               f"with the request built, peak {one['peak_mb']:.0f} MB")  # fmt: skip
         accept = run_child("accept", env, args)

@@ -12,10 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
 from django.db import connection
-from django.db.models import QuerySet
 
 from campaigns.models import Campaign, Contact
 from core.sql import literals
@@ -108,9 +106,10 @@ def suppressed_sql(address: str, *, marketing: str) -> str:
     )
 
 
-def campaigns_tagged(tag: str) -> QuerySet[Campaign, Any]:
-    """The campaigns carrying `tag` (a small table: no index), whose messages carry it too."""
-    return Campaign.objects.filter(tags__contains=[tag]).values("id")
+def campaign_ids_tagged(tag: str) -> list[int]:
+    """The ids of the campaigns carrying `tag` (a small table: no index), whose messages carry
+    it too."""
+    return list(Campaign.objects.filter(tags__contains=[tag]).values_list("id", flat=True))
 
 
 def campaign_status_sql(campaign_id: str) -> str:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sized
 from dataclasses import dataclass
 from datetime import datetime
 from typing import NamedTuple
@@ -142,34 +142,39 @@ def remove(units: Iterable[str], *, redis: redis_lib.Redis | None = None) -> int
     return removed
 
 
-def move_after_commit(units: list[tuple[str, datetime]]) -> None:
-    """Set units' due times once the caller's transaction commits, later or earlier than they
-    were (a rescheduled message; `add` keeps the earlier of two). If Redis is away a unit keeps
-    its old time; its dispatch then finds the row not due and indexes it at its real time."""
+def move(units: Iterable[tuple[str, datetime]], *, redis: redis_lib.Redis | None = None) -> None:
+    """Set units' due times, later or earlier than they were (`add` keeps the earlier of two)."""
+    mapping = {unit: due.timestamp() for unit, due in units}
+    if mapping:
+        (redis or redis_clients.schedule()).zadd(DUE, mapping)
 
-    def _move() -> None:
+
+def _after_commit(units: Sized, action: Callable[[], object], failed: str) -> None:
+    """Run `action` on the index once the caller's transaction commits; if Redis is away, log
+    `failed` (formatted with the number of units and the error) and go on: PostgreSQL is the truth."""
+
+    def run() -> None:
         try:
-            redis_clients.schedule().zadd(DUE, {unit: due.timestamp() for unit, due in units})
+            action()
         except redis_lib.RedisError as exc:
-            logger.warning("could not move %d unit(s) (%s)", len(units), exc)
+            logger.warning(failed, len(units), exc)
 
-    if units:
-        transaction.on_commit(_move)
+    if len(units):
+        transaction.on_commit(run)
+
+
+def move_after_commit(units: list[tuple[str, datetime]]) -> None:
+    """`move` once the caller's transaction commits (a rescheduled message). If Redis is away a
+    unit keeps its old time; its dispatch then finds the row not due and indexes it at its real
+    time."""
+    _after_commit(units, lambda: move(units), "could not move %d unit(s) (%s)")
 
 
 def unindex_after_commit(units: list[str]) -> None:
     """Drop units once the caller's transaction commits. If Redis is away a unit stays; its
     dispatch then moves no row (they are no longer `scheduled`), and the reconciler never
     re-adds it."""
-
-    def _remove() -> None:
-        try:
-            remove(units)
-        except redis_lib.RedisError as exc:
-            logger.warning("could not unindex %d unit(s) (%s)", len(units), exc)
-
-    if units:
-        transaction.on_commit(_remove)
+    _after_commit(units, lambda: remove(units), "could not unindex %d unit(s) (%s)")
 
 
 def add_missing(units: list[tuple[str, float]]) -> int:
@@ -225,12 +230,4 @@ def sizes() -> dict[str, int]:
 def index_after_commit(units: list[tuple[str, datetime]]) -> None:
     """Index units once the caller's transaction commits. If Redis is away the rows are still
     in PostgreSQL and the reconciler indexes them on its next run."""
-
-    def _add() -> None:
-        try:
-            add(units)
-        except redis_lib.RedisError as exc:
-            logger.warning("could not index %d unit(s) (%s); the reconciler will", len(units), exc)
-
-    if units:
-        transaction.on_commit(_add)
+    _after_commit(units, lambda: add(units), "could not index %d unit(s) (%s); the reconciler will")

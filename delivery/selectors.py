@@ -12,7 +12,7 @@ from django.db import connection
 from django.db.models import F, Q, QuerySet
 from django.db.models.functions import Coalesce
 
-from campaigns.selectors import campaign_status_sql, campaigns_tagged, holdout_sql, suppressed_sql
+from campaigns.selectors import campaign_ids_tagged, campaign_status_sql, holdout_sql, suppressed_sql
 from core.sql import literals
 from delivery.breakers import CircuitSeen, circuit_key, circuits_seen, snapshot
 from delivery.exceptions import ProviderConfigurationError
@@ -115,7 +115,7 @@ def _carrying(tag: str, *, through: str = "") -> Q:
     it. The campaigns' ids are read first (a small table) and given as a list: a BitmapOr of the
     tag index and the (campaign, contact) index. As a subquery, PostgreSQL could only filter
     every message row by it (a hashed SubPlan under OR), a scan of the table."""
-    campaigns = list(campaigns_tagged(tag).values_list("id", flat=True))
+    campaigns = campaign_ids_tagged(tag)
     carrying = Q(**{f"{through}tags__contains": [tag]})
     return carrying | Q(**{f"{through}campaign_id__in": campaigns}) if campaigns else carrying
 

@@ -9,7 +9,6 @@ waiting (the in-process steps of the same race are in test_message_changes.py).
 from __future__ import annotations
 
 import threading
-import time
 from collections import Counter
 from datetime import timedelta
 from typing import Any
@@ -86,20 +85,21 @@ def test_cancels_racing_the_scheduler_and_a_worker_leave_each_message_sent_once_
         for n in range(COUNT)
     ]
     answers: dict[int, tuple[int, str]] = {}
-    answered_at: dict[int, float] = {}
 
     def cancel(api: Any, n: int) -> None:
         response = api.post(f"/api/v1/messages/{ids[n]}/cancel")
-        answered_at[n] = time.time()
         body = response.json()
         answers[n] = (
             response.status_code,
             body["status"] if response.status_code == 200 else body["error"]["message"],
         )
 
-    def cancel_at(indexes: list[int], at: float) -> None:
+    def cancel_once(indexes: list[int], dispatched: list[str]) -> None:
+        """Cancel `indexes` as soon as one message of the batch has reached a status of
+        `dispatched`: the scheduler has begun (queued), or the worker has begun sending (sent)."""
         api = factories.authenticated(raw)
-        time.sleep(max(0.0, at - time.time()))
+        moved = Message.objects.filter(pk__in=ids, status__in=dispatched)
+        wait_until(moved.exists, 30, f"a message {' or '.join(dispatched)}")
         for n in indexes:
             cancel(api, n)
         connection.close()
@@ -109,9 +109,14 @@ def test_cancels_racing_the_scheduler_and_a_worker_leave_each_message_sent_once_
     after = list(range(3, COUNT, 4))  # once sent: always a 409
     for n in before:
         cancel(client, n)
+    # Nothing of the batch was dispatched yet when the last of those cancels was answered.
+    before_dispatch = not Message.objects.filter(
+        pk__in=ids, status__in=["queued", "sending", "sent"]
+    ).exists()
+    # Triggered by what the processes did, not by the clock: as the dispatch lands, as sends do.
     threads = [
-        threading.Thread(target=cancel_at, args=(during[0::2], due.timestamp() - 0.05)),
-        threading.Thread(target=cancel_at, args=(during[1::2], due.timestamp() + 0.05)),
+        threading.Thread(target=cancel_once, args=(during[0::2], ["queued", "sending", "sent"])),
+        threading.Thread(target=cancel_once, args=(during[1::2], ["sent"])),
     ]
     for thread in threads:
         thread.start()
@@ -136,10 +141,9 @@ def test_cancels_racing_the_scheduler_and_a_worker_leave_each_message_sent_once_
             assert statuses[message_id] == "sent", (n, statuses[message_id])
             assert code == 409 and ("is sending" in said or "is sent" in said), (n, code, said)
             assert received[f"r{n}@example.com"] == 1, (n, received[f"r{n}@example.com"])
-    # A cancel answered more than a second before the due instant (dispatch may come that much
-    # early) found the message still scheduled; a cancel after everything was final found it sent.
-    early = [n for n in before if answered_at[n] < due.timestamp() - 1]
-    assert early, "the messages were accepted too slowly to cancel any before their dispatch"
-    assert {statuses[ids[n]] for n in early} == {"cancelled"}
+    # The cancels answered before the dispatch found their messages scheduled; those after
+    # everything was final found them sent.
+    assert before_dispatch, "the messages were accepted too slowly to cancel any before their dispatch"
+    assert {statuses[ids[n]] for n in before} == {"cancelled"}
     assert {statuses[ids[n]] for n in after} == {"sent"}
     assert sum(received.values()) == list(statuses.values()).count("sent")

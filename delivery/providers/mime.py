@@ -65,17 +65,17 @@ def _header(name: str, value: str) -> bytes:
 
 
 def _addresses_header(name: str, values: Sequence[str]) -> bytes:
-    """A header of bare addresses (the API's cc), one per line: folded after each comma
+    """A header of several addresses (the API's cc), one per line: folded after each comma
     (RFC 5322 §3.2.2), so fifty addresses never make a line over 78 characters."""
-    addresses = []
-    for value in values:
-        if "\r" in value or "\n" in value or "@" not in value:
-            raise ValueError(f"{name} {value!r} is not an address")
-        addresses.append(ascii_address(value.strip()))
-    return (name + ": " + ",\r\n ".join(addresses)).encode("ascii")
+    return (name + ": " + ",\r\n ".join(_mailbox(name, value) for value in values)).encode("ascii")
 
 
 def _address_header(name: str, value: str) -> bytes:
+    return f"{name}: {_mailbox(name, value)}".encode("ascii")
+
+
+def _mailbox(name: str, value: str) -> str:
+    """One address of header `name` as written: its display name encoded, its domain ASCII."""
     if "\r" in value or "\n" in value:
         raise ValueError(f"header {name} must not contain line breaks")
     display, address = _parse_address(value)
@@ -92,7 +92,7 @@ def _address_header(name: str, value: str) -> bytes:
         formatted = f"{encoded} <{address}>"
     if max(len(line) for line in f"{name}: {formatted}".split("\r\n")) > 998:
         raise ValueError(f"{name} is longer than an RFC 5322 line allows")
-    return f"{name}: {formatted}".encode("ascii")
+    return formatted
 
 
 def _quoted_printable(text: str) -> bytes:

@@ -453,17 +453,10 @@ class ClaimedMessage:
     suppressed_copies: list[str] | None = None  # of cc and bcc, those on the suppression list
 
     def __post_init__(self) -> None:
-        # Raw SQL hands back jsonb as text.
-        if isinstance(self.context, str):
-            self.context = json.loads(self.context)
-        if isinstance(self.headers, str):
-            self.headers = json.loads(self.headers)
-        if isinstance(self.cc, str):
-            self.cc = json.loads(self.cc)
-        if isinstance(self.bcc, str):
-            self.bcc = json.loads(self.bcc)
-        if isinstance(self.attachments, str):
-            self.attachments = json.loads(self.attachments)
+        for name in ("context", "headers", "attachments", "cc", "bcc"):
+            value = getattr(self, name)
+            if isinstance(value, str):  # raw SQL hands back jsonb as text
+                setattr(self, name, json.loads(value))
 
 
 def claim(message_ids: Sequence[int]) -> list[ClaimedMessage]:
