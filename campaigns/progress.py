@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from django.db import connection
 
 from campaigns.models import Campaign
+from core import outbound_events
 from core.sql import literals
 
 # Statuses as SQL literals from the model's enum (core.sql): `{CAMPAIGN.SENDING}` is `'sending'`.
@@ -40,7 +41,27 @@ def _finished(added: str = "0") -> str:
 
 _FINISHED_WITH_DONE = _finished("%(done)s")
 
+# campaign.completed for the application (core.outbound_events), in the statement that completed
+# it: a campaign is completed here only, and only from `sending`, so a row returned completed
+# with completed_at = now() was completed by this statement's transaction. Campaigns belong to no
+# API key: endpoints that see every key's mail (a `manage` key's) hear of them.
+_COMPLETED = outbound_events.insert_sql(
+    "moved",
+    type_sql=f"CASE WHEN status = {CAMPAIGN.COMPLETED} AND completed_at = now() THEN 'campaign.completed' END",
+    owner_sql="NULL::bigint",
+    data_sql=f"""jsonb_build_object(
+        'campaign_id', id, 'name', name, 'tags', coalesce(tags, '[]'::jsonb),
+        'total', total_count, 'sent', sent_count, 'failed', failed_count,
+        'suppressed', suppressed_count, 'cancelled', cancelled_count, 'excluded', excluded_count,
+        'completed_at', {outbound_events.iso_sql("completed_at")})""",
+)
+_RETURNING = (
+    "RETURNING id, name, tags, status, completed_at, total_count, sent_count, failed_count,"
+    " suppressed_count, cancelled_count, excluded_count"
+)
+
 _MOVE_SQL = f"""
+WITH moved AS (
 UPDATE campaigns_campaign
    SET sent_count = sent_count + %(sent)s,
        failed_count = failed_count + %(failed)s,
@@ -50,13 +71,19 @@ UPDATE campaigns_campaign
        completed_at = CASE WHEN {_FINISHED_WITH_DONE} THEN now() ELSE completed_at END,
        updated_at = now()
  WHERE id = %(id)s
+{_RETURNING}
+), announced AS ({_COMPLETED})
+SELECT count(*) FROM moved
 """
 
 _COMPLETE_SQL = f"""
+WITH moved AS (
 UPDATE campaigns_campaign
    SET status = {CAMPAIGN.COMPLETED}, completed_at = now(), updated_at = now()
  WHERE id = ANY(%s) AND {_finished()}
-RETURNING id
+{_RETURNING}
+), announced AS ({_COMPLETED})
+SELECT id FROM moved
 """
 
 

@@ -119,6 +119,19 @@ TRACKING_REQUESTS = Counter(
     ["kind", "outcome"],
 )
 
+# Outbound webhooks (the outbound app): attempts by endpoint id (a bounded set: the endpoints
+# registered) and outcome (succeeded, retry_wait, failed), and how long each took.
+WEBHOOK_DELIVERIES = Counter(
+    "emailhub_webhook_deliveries_total",
+    "Attempts to deliver outbound webhooks, by endpoint and what came of the delivery",
+    ["endpoint", "outcome"],
+)
+WEBHOOK_ATTEMPT_SECONDS = Histogram(
+    "emailhub_webhook_attempt_seconds",
+    "Seconds an outbound webhook request took, answer or not",
+    buckets=CALL_BUCKETS,
+)
+
 NO_PROVIDER = "none"
 
 
@@ -151,6 +164,16 @@ def count_events(
     for (provider, kind, cls), n in engagement.items():
         if n:
             ENGAGEMENT.labels(provider, kind, cls).inc(n)
+
+
+def count_webhook_attempts(endpoint: str, outcomes: Iterable[tuple[str, float]]) -> None:
+    """Count a round of attempts at one endpoint: (outcome, seconds) each."""
+    counts: dict[str, int] = {}
+    for outcome, seconds in outcomes:
+        counts[outcome] = counts.get(outcome, 0) + 1
+        WEBHOOK_ATTEMPT_SECONDS.observe(seconds)
+    for outcome, count in counts.items():
+        WEBHOOK_DELIVERIES.labels(endpoint, outcome).inc(count)
 
 
 def count_webhook_request(provider: str, outcome: str) -> None:

@@ -23,3 +23,35 @@ class OutboxTask(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} {self.payload}"
+
+
+class OutboundEvent(models.Model):
+    """Something an application may want to hear of (a message sent, bounced, opened…), written by
+    the statement that made it happen, to be delivered to the application's webhook endpoints.
+
+    Rows are written set-based inside the statements that move messages (core.outbound_events),
+    only when some enabled endpoint wants them (the database function `emailhub_event_wanted`,
+    which the outbound app defines). `payload` is the Standard Webhooks body, `{type, timestamp,
+    data}`, exactly as it will be sent. The table is an outbox of its own: a row not yet
+    `dispatched` to the endpoints' deliveries is found by the outbound app's sweep if the
+    doorbell rung after its commit was lost.
+    """
+
+    type = models.CharField(max_length=40)
+    # The API key whose message it is; None for campaign mail and anything else no key sent.
+    owner_key_id = models.BigIntegerField(null=True, blank=True)
+    payload = models.JSONField()
+    dispatched = models.BooleanField(default=False, db_default=False)
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [
+            # The dispatcher's claim, oldest first: only the rows still waiting are indexed.
+            models.Index(
+                fields=["id"], name="outbound_event_waiting_idx", condition=models.Q(dispatched=False)
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.type} #{self.pk}"

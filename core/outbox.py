@@ -332,6 +332,25 @@ def delete_in_background() -> None:
         _background = _BackgroundDeletes()
 
 
+def ring_after_commit(kind: str, payload: Payload) -> None:
+    """Publish the doorbell task of `kind` once the caller's transaction commits, with no outbox
+    row: for work whose own rows are its outbox (core.outbound_events), which a periodic sweep
+    finds if this ring is lost. A kind no app registered rings nothing."""
+    spec = _kinds.get(kind)
+    if spec is None:
+        return
+
+    def ring() -> None:
+        bell = spec.doorbell(payload) if spec.doorbell is not None else None
+        try:
+            if bell is None or _ring(bell):
+                publisher().publish([task_for(kind, payload)], lambda _: None)
+        except Exception as exc:  # noqa: BLE001 - the sweep finds the work
+            logger.warning("ringing %s failed (%s); its sweep will find the work", kind, exc)
+
+    transaction.on_commit(ring)
+
+
 def record_many(tasks: list[tuple[str, Payload]], *, publish_on: Executor | None = None) -> None:
     """Record tasks ((kind, payload)) in the caller's transaction (one INSERT) and publish them after it commits.
 
@@ -358,7 +377,13 @@ def record(kind: str, payload: Payload) -> None:
 
 
 def insert_with_task(
-    statement: str, params: Sequence[Any], kind: str, payload_sql: str, payload_params: Sequence[Any] = ()
+    statement: str,
+    params: Sequence[Any],
+    kind: str,
+    payload_sql: str,
+    payload_params: Sequence[Any] = (),
+    *,
+    also: str = "",
 ) -> tuple[Any, ...] | None:
     """Run the caller's `INSERT … RETURNING …` and record one task of `kind` in the same SQL
     statement, then publish it after commit as record_many does. Returns the statement's row, or
@@ -370,13 +395,17 @@ def insert_with_task(
     one round trip, and outside a transaction (autocommit) it is its own transaction: the row
     and its task commit together without BEGIN, SAVEPOINT or COMMIT (POST /api/v1/messages:
     8 round trips became 3 with the health check and the DELETE, docs/architecture.md).
+    `also`, if given, is one more CTE over `inserted` (its body, without parameters), written in
+    the same statement: the message's outbound event (core.outbound_events).
     """
     if kind not in _kinds:
         raise ValueError(f"unknown outbox task kind {kind!r}")
     sql = (
         f"WITH inserted AS ({statement}), task AS ("
         f"INSERT INTO core_outboxtask (kind, payload) SELECT %s, {payload_sql} FROM inserted"
-        " RETURNING id, payload::text) SELECT inserted.*, task.* FROM inserted, task"
+        " RETURNING id, payload::text)"
+        + (f", also AS ({also})" if also else "")
+        + " SELECT inserted.*, task.* FROM inserted, task"
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, [*params, kind, *payload_params])

@@ -96,6 +96,11 @@ def slot_unit(campaign_id: int, due: datetime) -> str:
     return f"c:{campaign_id}:{int(due.timestamp())}"
 
 
+def webhook_unit(delivery_id: int) -> str:
+    """An outbound webhook delivery waiting for its next attempt (the outbound app's)."""
+    return f"w:{delivery_id}"
+
+
 def campaign_unit(campaign_id: int) -> str:
     """A scheduled (`at`) campaign, started when due."""
     return f"a:{campaign_id}"
@@ -104,7 +109,7 @@ def campaign_unit(campaign_id: int) -> str:
 class Unit(NamedTuple):
     # A NamedTuple, not a dataclass: a claim builds a thousand of them and a frozen dataclass's
     # __init__ cost ~1 µs each, a third of the claim (bench/scheduler.py).
-    kind: str  # "m" message, "c" local-time campaign slot, "a" campaign start
+    kind: str  # "m" message, "c" local-time campaign slot, "a" campaign start, "w" webhook retry
     id: int
     due_epoch: int | None = None
 

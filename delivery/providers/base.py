@@ -21,11 +21,10 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
 from typing import ClassVar, Self
 from urllib.parse import urlsplit
 
+from core.retry_after import parse_retry_after  # noqa: F401 - the providers' name for it
 from delivery.exceptions import ProviderThrottled, ProviderUnavailable, UnsupportedFeature
 
 
@@ -262,20 +261,3 @@ def url_endpoint(url: str) -> str:
         host = f"[{host}]"
     port = f":{parts.port}" if parts.port else ""
     return f"{parts.scheme}://{host}{port}{parts.path.rstrip('/')}" if parts.scheme else url
-
-
-def parse_retry_after(value: str | None) -> float | None:
-    """A `Retry-After` header (RFC 9110 §10.2.3): delay-seconds or an HTTP-date. None when
-    absent or unreadable (the caller then uses its default pause)."""
-    if not value:
-        return None
-    value = value.strip()
-    if value.isdigit():
-        return float(value)
-    try:
-        when = parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return max(0.0, (when - datetime.now(UTC)).total_seconds())

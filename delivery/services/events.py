@@ -44,10 +44,11 @@ from django.db.backends.utils import CursorWrapper
 from campaigns.models import Suppression
 from campaigns.progress import move_feedback_counters
 from campaigns.suppressions import stronger, suppress
-from core import metrics
+from core import metrics, outbound_events
 from core.validators import json_storage_problem, unstorable_reason
 from delivery.exceptions import InvalidEvent
 from delivery.models import EmailEvent
+from delivery.services import transitions
 from delivery.services.event_classes import ENGAGEMENT_KINDS, classes_of
 from delivery.services.transitions import record_first_engagement
 
@@ -175,7 +176,37 @@ END
 # the provider's message id (the newest message with it; COALESCE evaluates the second lookup
 # only when the first found nothing). ON CONFLICT names the partial unique index's predicate
 # so PostgreSQL can infer it. The outer SELECT adds the campaign of each inserted row.
-_INSERT_SQL = """
+# The outbound event of each new event of a message of ours (core.outbound_events): the
+# message's data (transitions.MESSAGE_DATA_SQL) and the event's own fields: its id, what the
+# provider (or our tracking) reported, the bounce type, an open's or a click's class (and whether
+# that is a person), a click's URL.
+_FEEDBACK_TYPE = """CASE kind WHEN 'delivered' THEN 'message.delivered' WHEN 'deferred' THEN 'message.deferred'
+    WHEN 'delayed' THEN 'message.deferred' WHEN 'bounced' THEN 'message.bounced'
+    WHEN 'dropped' THEN 'message.rejected' WHEN 'rejected' THEN 'message.rejected'
+    WHEN 'complained' THEN 'message.complained' WHEN 'opened' THEN 'message.opened'
+    WHEN 'clicked' THEN 'message.clicked' WHEN 'unsubscribed' THEN 'contact.unsubscribed' END"""
+_FEEDBACK_DATA = (
+    transitions.MESSAGE_DATA_SQL
+    + """ || jsonb_strip_nulls(jsonb_build_object(
+    'event_id', event_id, 'event', kind, 'source', source, 'recipient', recipient,
+    'bounce', NULLIF(bounce, ''), 'classification', NULLIF(classification, ''),
+    'human', CASE WHEN kind IN ('opened', 'clicked') THEN classification = 'human' END,
+    'url', CASE WHEN kind = 'clicked' THEN NULLIF(detail, '') END,
+    'detail', CASE WHEN kind <> 'clicked' THEN NULLIF(left(detail, 1000), '') END))"""
+)
+_ANNOUNCE = outbound_events.insert_sql(
+    """(SELECT m.id, m.api_key_id, m.to_email, m.status, m.priority, m.provider, m.provider_message_id,
+               m.campaign_id, m.tags, m.metadata, m.attempts, m.last_error, m.due_at,
+               ins.id AS event_id, ins.kind, ins.provider AS source, ins.recipient, ins.bounce,
+               ins.classification, ins.detail, ins.occurred_at
+          FROM inserted AS ins JOIN delivery_message AS m ON m.id = ins.message_id) AS f""",
+    type_sql=_FEEDBACK_TYPE,
+    owner_sql="api_key_id",
+    data_sql=_FEEDBACK_DATA,
+    at_sql="occurred_at",
+)
+
+_INSERT_SQL = f"""
 WITH incoming AS (
     SELECT *
       FROM unnest(%(provider)s::text[], %(event_id)s::text[], %(kind)s::text[],
@@ -209,9 +240,11 @@ WITH incoming AS (
      ORDER BY r.n
     ON CONFLICT (provider, provider_event_id) WHERE provider_event_id IS NOT NULL DO NOTHING
     RETURNING id, message_id, kind, recipient, bounce, detail, classification, occurred_at, provider
+), announced AS (
+    {_ANNOUNCE}
 )
 SELECT ins.id, ins.message_id, m.campaign_id, ins.kind, ins.recipient, ins.bounce, ins.detail,
-       ins.classification, ins.occurred_at, ins.provider
+       ins.classification, ins.occurred_at, ins.provider, (SELECT count(*) FROM announced)
   FROM inserted AS ins
   LEFT JOIN delivery_message AS m ON m.id = ins.message_id
 """
@@ -295,7 +328,9 @@ def record_events(events: Sequence[ProviderEvent]) -> RecordedEvents:
         return RecordedEvents(received=0, new=0, duplicates=0, suppressed=0, unmatched=0)
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(_INSERT_SQL, _columns(batch))
-        inserted: list[_Inserted] = cursor.fetchall()
+        returned = cursor.fetchall()
+        outbound_events.ring_after_commit(returned[0][-1] if returned else 0)
+        inserted: list[_Inserted] = [row[:-1] for row in returned]
         to_suppress, counted = _feedback(inserted)
         _count_feedback(cursor, counted, [row[0] for row in inserted])
         opened, clicked = _first_engagement(inserted)

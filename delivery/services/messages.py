@@ -92,7 +92,7 @@ def accept_message(
             inserted = transitions.insert_one(
                 api_key_id,
                 row,
-                run=lambda sql, params: send_tasks.insert_with_send(sql, params, new.priority),
+                run=lambda sql, params, also: send_tasks.insert_with_send(sql, params, new.priority, also),
             )
         if inserted is None:
             existing = Message.objects.get(api_key=api_key, idempotency_key=idempotency_key)

@@ -110,15 +110,18 @@ def record_sends_by_priority(rows: Iterable[tuple[int, str]], *, accepted: bool 
         record_sends(ids, priority, settings.EMAILHUB_BATCH_SIZES[priority], accepted=accepted)
 
 
-def insert_with_send(statement: str, params: Sequence[Any], priority: str) -> tuple[Any, ...] | None:
+def insert_with_send(
+    statement: str, params: Sequence[Any], priority: str, also: str = ""
+) -> tuple[Any, ...] | None:
     """Run an `INSERT … RETURNING id, …` of one accepted API message and record its send task in
-    the same statement (core.outbox.insert_with_task); the payload is record_sends'."""
+    the same statement (core.outbox.insert_with_task, with `also`); the payload is record_sends'."""
     return outbox.insert_with_task(
         statement,
         params,
         SEND_MESSAGES,
         "jsonb_build_object('ids', jsonb_build_array(inserted.id), 'priority', %s::text, 'wake', %s, 'bell', %s)",
         [priority, _wakes(priority), _wakes(priority)],
+        also=also,
     )
 
 

@@ -37,6 +37,7 @@ from campaigns.selectors import (
     holdout_sql,
     suppressed_sql,
 )
+from core import outbound_events
 from core.metrics import NO_PROVIDER
 from core.sql import literals
 from delivery.models import MessageStatus
@@ -50,6 +51,43 @@ logger = logging.getLogger(__name__)
 MSG = literals(MessageStatus)
 CAMPAIGN = literals(Campaign.Status)
 PRIORITY = literals(Priority)
+
+# --- outbound events (core.outbound_events): what a move tells the application -----------------
+
+# The columns of a moved row that its event is made of: a statement returns them into a CTE
+# (`moved`, `inserted`, `created`) and `_announce` writes the events from it, in the same
+# statement as the move.
+_EVENT_COLUMNS = (
+    "m.id, m.api_key_id, m.to_email, m.status, m.priority, m.provider, m.provider_message_id, "
+    "m.campaign_id, m.tags, m.metadata, m.attempts, m.last_error, m.due_at"
+)
+# A row's event type from the status it reached: `retry_wait` is waiting to be tried again, a
+# `scheduled` message is queued for later; the rest are named by their status.
+_TYPE_OF_STATUS = f"""CASE status WHEN {MSG.RETRY_WAIT} THEN 'message.deferred'
+                                WHEN {MSG.SCHEDULED} THEN 'message.queued'
+                                ELSE 'message.' || status END"""
+# What an application is told of a message: who, where it is, its tags and metadata (as given at
+# accept, echoed on every event), its last error cut to 1,000 characters. Under 20 kB whatever
+# the row holds, with the default limits on tags and metadata (core/limits.py).
+MESSAGE_DATA_SQL = (
+    """jsonb_build_object(
+    'message_id', id, 'to', to_email, 'status', status, 'priority', priority,
+    'provider', provider, 'provider_message_id', provider_message_id, 'campaign_id', campaign_id,
+    'tags', coalesce(tags, '[]'::jsonb), 'metadata', coalesce(metadata, '{}'::jsonb),
+    'attempts', attempts, 'error', left(last_error, 1000),
+    'due_at', """
+    + outbound_events.iso_sql("due_at")
+    + """)"""
+)
+
+
+def _announce(source: str, type_sql: str = _TYPE_OF_STATUS) -> str:
+    """The CTE body that records an outbound event for each row of `source` (which holds
+    _EVENT_COLUMNS), typed by the status each reached unless `type_sql` says otherwise."""
+    return outbound_events.insert_sql(
+        source, type_sql=type_sql, owner_sql="api_key_id", data_sql=MESSAGE_DATA_SQL
+    )
+
 
 # --- accept -------------------------------------------------------------------------------------
 
@@ -84,12 +122,15 @@ NEW_COLUMNS = {
 # Positions of the jsonb columns in NEW_COLUMNS: their values travel as JSON text.
 _JSONB = [index for index, kind in enumerate(NEW_COLUMNS.values()) if kind == "jsonb"]
 _INSERT_MANY_SQL = f"""
-INSERT INTO delivery_message (api_key_id, {", ".join(NEW_COLUMNS)})
+WITH inserted AS (
+INSERT INTO delivery_message AS m (api_key_id, {", ".join(NEW_COLUMNS)})
 SELECT %s, {", ".join(f"u.{name}::{kind}" if kind == "jsonb" else f"u.{name}" for name, kind in NEW_COLUMNS.items())}
   FROM unnest({", ".join(f"%s::{'text' if kind == 'jsonb' else kind}[]" for kind in NEW_COLUMNS.values())})
        AS u({", ".join(NEW_COLUMNS)})
 ON CONFLICT (api_key_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-RETURNING id, idempotency_key
+RETURNING {_EVENT_COLUMNS}, m.idempotency_key
+), announced AS ({_announce("inserted")})
+SELECT id, idempotency_key FROM inserted
 """
 
 
@@ -117,36 +158,44 @@ def insert_many(api_key_id: int | None, rows: Sequence[dict[str, Any]]) -> list[
 # One message: the same columns, VALUES instead of unnest (built once, not by Django's compiler
 # per request: 12% of the accept path's CPU in py-spy).
 _INSERT_ONE_SQL = f"""
-INSERT INTO delivery_message (api_key_id, {", ".join(NEW_COLUMNS)})
+INSERT INTO delivery_message AS m (api_key_id, {", ".join(NEW_COLUMNS)})
 VALUES (%s, {", ".join("%s::jsonb" if kind == "jsonb" else "%s" for kind in NEW_COLUMNS.values())})
 ON CONFLICT (api_key_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-RETURNING id, created_at
+RETURNING {_EVENT_COLUMNS}, m.created_at
 """
+# Where insert_one's caller runs the INSERT in a statement of its own (with its send task, through
+# `run`), the event's CTE goes with it; alone, it is wrapped here.
+ANNOUNCE_INSERTED = _announce("inserted")
+_INSERT_ONE_ALONE_SQL = (
+    f"WITH inserted AS ({_INSERT_ONE_SQL}), announced AS ({ANNOUNCE_INSERTED}) SELECT * FROM inserted"
+)
+_CREATED_AT = len(_EVENT_COLUMNS.split(","))  # the position of created_at in the returned row
 
 
 def insert_one(
     api_key_id: int | None,
     row: dict[str, Any],
     *,
-    run: Callable[[str, Sequence[Any]], tuple[Any, ...] | None] | None = None,
+    run: Callable[[str, Sequence[Any], str], tuple[Any, ...] | None] | None = None,
 ) -> tuple[int, datetime] | None:
     """A new transactional message (NEW_COLUMNS, `queued` or `scheduled`): one INSERT, skipped
     (None) when this API key used its idempotency key before; else its (id, created_at).
 
     `run` executes the `INSERT … RETURNING` in place of a plain cursor: accepting a message runs
-    it inside the statement that also records its send task (send_tasks.insert_with_send).
+    it inside the statement that also records its send task (send_tasks.insert_with_send), which
+    must add its third argument (the message.queued event's CTE body) after it.
     """
     params = [api_key_id, *(row[name] for name in NEW_COLUMNS)]
     for index in _JSONB:
         if params[1 + index] is not None:
             params[1 + index] = json.dumps(params[1 + index])
     if run is not None:
-        inserted = run(_INSERT_ONE_SQL, params)
+        inserted = run(_INSERT_ONE_SQL, params, ANNOUNCE_INSERTED)
     else:
         with connection.cursor() as db:
-            db.execute(_INSERT_ONE_SQL, params)
+            db.execute(_INSERT_ONE_ALONE_SQL, params)
             inserted = db.fetchone()
-    return None if inserted is None else (inserted[0], inserted[1])
+    return None if inserted is None else (inserted[0], inserted[_CREATED_AT])
 
 
 # --- materialise a campaign's messages (fan-out) ------------------------------------------------
@@ -168,15 +217,18 @@ _NOT_YET = """NOT EXISTS (
            SELECT 1 FROM delivery_message AS m WHERE m.campaign_id = %(campaign_id)s AND m.contact_id = a.id
        )"""
 
+# A step's new rows, with what their message.queued events are made of.
+_STEP_RETURNING = f"RETURNING {_EVENT_COLUMNS}"
+
 _STEP_SQL = f"""
 WITH {AUDIENCE_STEP_CTES}, created AS (
-    INSERT INTO delivery_message (campaign_id, contact_id, template_id, to_email, priority, status, queued_at)
+    INSERT INTO delivery_message AS m (campaign_id, contact_id, template_id, to_email, priority, status, queued_at)
     SELECT %(campaign_id)s, a.id, %(template_id)s, a.email, %(priority)s, {MSG.QUEUED}, now()
       FROM audience AS a
      WHERE {_NOT_YET}
      ORDER BY a.id
-    RETURNING id
-)
+    {_STEP_RETURNING}
+), announced AS ({_announce("created")})
 {_RESULT.strip()}
 """
 
@@ -188,14 +240,14 @@ _LOCAL_STEP_SQL = f"""
 WITH {AUDIENCE_STEP_CTES}, zones AS (
     SELECT * FROM unnest(%(zones)s::text[], %(dues)s::timestamptz[]) AS z(name, due)
 ), created AS (
-    INSERT INTO delivery_message (campaign_id, contact_id, template_id, to_email, priority, status, due_at)
+    INSERT INTO delivery_message AS m (campaign_id, contact_id, template_id, to_email, priority, status, due_at)
     SELECT %(campaign_id)s, a.id, %(template_id)s, a.email, %(priority)s, {MSG.SCHEDULED}, zones.due
       FROM audience AS a
       JOIN zones ON zones.name = a.timezone
      WHERE {_NOT_YET}
      ORDER BY a.id
-    RETURNING id
-)
+    {_STEP_RETURNING}
+), announced AS ({_announce("created")})
 {_RESULT.strip()}
 """
 
@@ -211,7 +263,7 @@ WITH {AUDIENCE_STEP_CTES}, slots AS (
 ), fallbacks AS (
     SELECT * FROM unnest(%(fallback_zones)s::text[], %(fallback_dues)s::timestamptz[]) AS f(name, due)
 ), created AS (
-    INSERT INTO delivery_message (campaign_id, contact_id, template_id, to_email, priority, status, due_at)
+    INSERT INTO delivery_message AS m (campaign_id, contact_id, template_id, to_email, priority, status, due_at)
     SELECT %(campaign_id)s, a.id, %(template_id)s, a.email, %(priority)s, {MSG.SCHEDULED},
            CASE WHEN {holdout_sql("%(campaign_id)s", "a.id", "%(holdout_percent)s")} THEN %(window_start)s
                 ELSE coalesce(s.due, f.due, %(window_start)s)
@@ -224,8 +276,8 @@ WITH {AUDIENCE_STEP_CTES}, slots AS (
       LEFT JOIN fallbacks AS f ON f.name = a.timezone
      WHERE {_NOT_YET}
      ORDER BY a.id
-    RETURNING id
-)
+    {_STEP_RETURNING}
+), announced AS ({_announce("created")})
 {_RESULT.strip()}
 """
 
@@ -237,7 +289,9 @@ WITH {AUDIENCE_STEP_CTES}, slots AS (
 # way (materialise_step) instead of failing on UNIQUE(campaign, contact) at every retry.
 _ON_CONFLICT_STEP_SQL = {
     sql: sql.replace(
-        "    RETURNING id\n)", "    ON CONFLICT (campaign_id, contact_id) DO NOTHING\n    RETURNING id\n)", 1
+        f"    {_STEP_RETURNING}\n)",
+        f"    ON CONFLICT (campaign_id, contact_id) DO NOTHING\n    {_STEP_RETURNING}\n)",
+        1,
     )
     for sql in (_STEP_SQL, _LOCAL_STEP_SQL, _OPTIMIZED_STEP_SQL)
 }
@@ -545,6 +599,8 @@ class Recorded:
     # → count, and per priority the seconds from accept to provider acceptance of each sent one.
     counts: Counter[tuple[str, str, str]] = field(default_factory=Counter)
     latencies: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    # Outbound events written with the moves (core.outbound_events).
+    announced: int = 0
 
 
 # Accept, for the queue latency: the accept itself, or the due instant of a scheduled message
@@ -552,27 +608,38 @@ class Recorded:
 _ACCEPTED_AT_SQL = "greatest(m.created_at, coalesce(m.due_at, m.created_at))"
 
 
+# Each outcome's UPDATE writes its rows' outbound events in the same statement, and every row
+# it returns ends with how many it wrote (core.outbound_events).
+_ANNOUNCED = "(SELECT count(*) FROM announced)"
+
 _SENT_SQL = f"""
+WITH moved AS (
 UPDATE delivery_message AS m
    SET status = {MSG.SENT}, sent_at = clock_timestamp(), provider = %s,
        provider_message_id = v.provider_message_id, last_error = NULL
   FROM unnest(%s::bigint[], %s::text[]) AS v(id, provider_message_id)
  WHERE m.id = v.id AND m.status = {MSG.SENDING} AND m.claimed_at = %s
-RETURNING m.campaign_id, m.priority,
-          extract(epoch FROM clock_timestamp() - {_ACCEPTED_AT_SQL})::float8
+RETURNING {_EVENT_COLUMNS},
+          extract(epoch FROM clock_timestamp() - {_ACCEPTED_AT_SQL})::float8 AS seconds
+), announced AS ({_announce("moved")})
+SELECT campaign_id, priority, seconds, {_ANNOUNCED} FROM moved
 """
 
 _FINAL_SQL = f"""
+WITH moved AS (
 UPDATE delivery_message AS m
    SET status = %s, last_error = v.error
   FROM unnest(%s::bigint[], %s::text[]) AS v(id, error)
  WHERE m.id = v.id AND m.status = {MSG.SENDING} AND m.claimed_at = %s
-RETURNING m.campaign_id, m.priority
+RETURNING {_EVENT_COLUMNS}
+), announced AS ({_announce("moved")})
+SELECT campaign_id, priority, {_ANNOUNCED} FROM moved
 """
 
 # A campaign cancelled while this batch was in flight gets no retry: the message is cancelled
 # (and counted) instead of waiting for a retry no one would ever claim.
 _WAIT_SQL = f"""
+WITH moved AS (
 UPDATE delivery_message AS m
    SET status = CASE WHEN {campaign_status_sql("m.campaign_id")} = {CAMPAIGN.CANCELLED}
                      THEN {MSG.CANCELLED} ELSE {MSG.RETRY_WAIT} END,
@@ -580,7 +647,9 @@ UPDATE delivery_message AS m
        attempts = GREATEST(m.attempts - %s, 0)
   FROM unnest(%s::bigint[], %s::timestamptz[], %s::text[]) AS v(id, due_at, error)
  WHERE m.id = v.id AND m.status = {MSG.SENDING} AND m.claimed_at = %s
-RETURNING m.id, m.campaign_id, m.status, m.due_at, m.priority
+RETURNING {_EVENT_COLUMNS}
+), announced AS ({_announce("moved")})
+SELECT id, campaign_id, status, due_at, priority, {_ANNOUNCED} FROM moved
 """
 
 
@@ -602,7 +671,9 @@ def record_outcomes(outcomes: Outcomes, claimed_at: datetime) -> Recorded:
             if rows:
                 ids, errors = zip(*rows, strict=True)
                 db.execute(_FINAL_SQL, [status, list(ids), list(errors), claimed_at])
-                _count(recorded, db.fetchall(), status)
+                final = db.fetchall()
+                recorded.announced += final[0][-1] if final else 0
+                _count(recorded, final, status)
         for waiting, given_back, outcome in (
             (outcomes.retry, 0, "retried"),
             (outcomes.deferred, 1, "deferred"),
@@ -612,6 +683,7 @@ def record_outcomes(outcomes: Outcomes, claimed_at: datetime) -> Recorded:
     cancelled = [(c, p) for _, c, status, _, p in retried if status == MessageStatus.CANCELLED]
     _count(recorded, cancelled, MessageStatus.CANCELLED, metric=False)
     recorded.retrying = [(i, d) for i, _, status, d, _ in retried if status == MessageStatus.RETRY_WAIT]
+    outbound_events.ring_after_commit(recorded.announced)
     return recorded
 
 
@@ -625,8 +697,9 @@ def _record_sent(
     ids, provider_ids = zip(*sent, strict=True)
     db.execute(_SENT_SQL, [provider, list(ids), list(provider_ids), claimed_at])
     sent_rows = db.fetchall()
+    recorded.announced += sent_rows[0][-1] if sent_rows else 0
     _count(recorded, sent_rows, MessageStatus.SENT, provider)
-    for _, priority, seconds in sent_rows:
+    for _, priority, seconds, _ in sent_rows:
         recorded.latencies[priority].append(seconds)
 
 
@@ -642,7 +715,9 @@ def _record_waiting(
     campaign; the rows moved."""
     ids, due, errors = zip(*waiting, strict=True)
     db.execute(_WAIT_SQL, [given_back, list(ids), list(due), list(errors), claimed_at])
-    waited = db.fetchall()
+    rows = db.fetchall()
+    recorded.announced += rows[0][-1] if rows else 0
+    waited = [row[:-1] for row in rows]
     for _, _, status, _, priority in waited:
         recorded.counts[
             (NO_PROVIDER, priority, outcome if status == MessageStatus.RETRY_WAIT else status)
@@ -670,13 +745,18 @@ def _count(
 # --- sending → queued | failed after the lease (a dead worker's claim) -------------------------
 
 
+# Requeued is no news to the application (it was queued before); given up is.
+_FAILED_ONLY = f"CASE WHEN status = {MSG.FAILED} THEN 'message.failed' END"
+
+
 def requeue_stale(*, lease_seconds: float, max_attempts: int) -> tuple[list[tuple[int, str]], Moved]:
     """Give back rows claimed longer ago than the lease: `queued` again, or `failed` once they
     have used every attempt. Returns (id, priority) requeued and the failed rows by campaign."""
     with connection.cursor() as db:
         db.execute(
             f"""
-            UPDATE delivery_message
+            WITH moved AS (
+            UPDATE delivery_message AS m
                SET status = CASE WHEN attempts >= %s THEN {MSG.FAILED} ELSE {MSG.QUEUED} END,
                    last_error = CASE WHEN attempts >= %s
                                      THEN 'gave up: its worker died while sending, ' || attempts || ' attempt(s)'
@@ -684,7 +764,9 @@ def requeue_stale(*, lease_seconds: float, max_attempts: int) -> tuple[list[tupl
                    queued_at = clock_timestamp()
              WHERE status = {MSG.SENDING}
                AND claimed_at < clock_timestamp() - make_interval(secs => %s)
-            RETURNING id, priority, status, campaign_id
+            RETURNING {_EVENT_COLUMNS}
+            ), announced AS ({_announce("moved", _FAILED_ONLY)})
+            SELECT id, priority, status, campaign_id FROM moved
             """,
             [max_attempts, max_attempts, lease_seconds],
         )
@@ -747,11 +829,14 @@ def cancel(message_ids: Sequence[int], reason: str) -> list[tuple[int, int | Non
                  ORDER BY id
                    FOR UPDATE
             )
+            , moved AS (
             UPDATE delivery_message AS m
                SET status = {MSG.CANCELLED}, last_error = %s
               FROM target
              WHERE m.id = target.id
-            RETURNING m.id, m.campaign_id, target.status
+            RETURNING {_EVENT_COLUMNS}, target.status AS was
+            ), announced AS ({_announce("moved")})
+            SELECT id, campaign_id, was FROM moved
             """,
             [list(message_ids), list(CANCELLABLE), reason],
         )
@@ -774,9 +859,9 @@ WITH matched AS (
        SET status = {MSG.CANCELLED}, last_error = %s
       FROM target
      WHERE m.id = target.id
-    RETURNING m.id, target.status
-)
-SELECT coalesce((SELECT array_agg(id ORDER BY id) FROM moved WHERE status <> {MSG.QUEUED}), '{{{{}}}}'),
+    RETURNING {_EVENT_COLUMNS}, target.status AS was
+), announced AS ({_announce("moved").replace("{", "{{").replace("}", "}}")})
+SELECT coalesce((SELECT array_agg(id ORDER BY id) FROM moved WHERE was <> {MSG.QUEUED}), '{{{{}}}}'),
        (SELECT count(*) FROM moved),
        (SELECT count(*) FROM matched WHERE status = {MSG.CANCELLED}),
        (SELECT count(*) FROM matched)
@@ -869,12 +954,17 @@ def cancel_campaign(campaign_id: int) -> CampaignCancelled:
         slot_epochs, retry_ids = db.fetchone()
         db.execute(
             f"""
-            UPDATE delivery_message SET status = {MSG.CANCELLED}, last_error = 'campaign cancelled'
+            WITH moved AS (
+            UPDATE delivery_message AS m SET status = {MSG.CANCELLED}, last_error = 'campaign cancelled'
              WHERE campaign_id = %s AND status IN ({MSG.QUEUED}, {MSG.SCHEDULED}, {MSG.RETRY_WAIT})
+            RETURNING {_EVENT_COLUMNS}
+            ), announced AS ({_announce("moved")})
+            SELECT count(*) FROM moved
             """,
             [campaign_id],
         )
-        return CampaignCancelled(db.rowcount, list(slot_epochs), list(retry_ids))
+        (cancelled,) = db.fetchone()
+        return CampaignCancelled(cancelled, list(slot_epochs), list(retry_ids))
 
 
 # --- erasure: a recipient's address and content rewritten, status kept -------------------------
