@@ -163,11 +163,12 @@ class ModelSerializer(StrictJSONMixin, serializers.ModelSerializer):
     pass  # the API's model serializer base: DRF's, refusing wrong JSON types
 
 
-class ClosedSerializer(Serializer):
+class ClosedFieldsMixin:
     # A request body that takes only its declared fields: any other is a 400 naming it (a typo
     # must not pass as a request that changes nothing), and the schema says
     # additionalProperties: false (core.api_schema).
     refuses_unknown_fields = True
+    fields: Any
 
     def to_internal_value(self, data: Any) -> Any:
         unknown = sorted(set(data) - set(self.fields)) if isinstance(data, Mapping) else []
@@ -176,7 +177,15 @@ class ClosedSerializer(Serializer):
             raise serializers.ValidationError(
                 {name: [f"unknown field; this takes {takes}"] for name in unknown}
             )
-        return super().to_internal_value(data)
+        return super().to_internal_value(data)  # type: ignore[misc]
+
+
+class ClosedSerializer(ClosedFieldsMixin, Serializer):
+    pass
+
+
+class ClosedModelSerializer(ClosedFieldsMixin, ModelSerializer):
+    pass
 
 
 class QueryParameters(Serializer):

@@ -27,10 +27,11 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 # consumes critical,high,system; the bulk pool normal,low,campaigns,system. A critical message
 # never waits behind a bulk one because no process that takes bulk work ever takes critical work;
 # the housekeeping is taken by both, so one dead or stuck pool never stops every pool's recovery.
+# `webhooks` is the outbound webhooks' own (a worker of its own: no receiver delays mail).
 PRIORITY_QUEUES = ("critical", "high", "normal", "low")
 app.conf.task_queues = [
     Queue(name, Exchange(name, type="direct"), routing_key=name)
-    for name in (*PRIORITY_QUEUES, "campaigns", "system")
+    for name in (*PRIORITY_QUEUES, "campaigns", "system", "webhooks")
 ]
 app.autodiscover_tasks()
 # The worker's liveness file, touched while its consumer is connected (core/liveness.py).

@@ -20,6 +20,10 @@ PERIODIC_TASKS: dict[str, tuple[str, int, int, str]] = {
     # Open/click hits wait in Redis until this records them, one INSERT per batch.
     "emailhub: record tracking hits": ("delivery.drain_tracking_hits", 1, 2, "system"),
     "emailhub: refresh engagement": ("campaigns.refresh_engagement", 60, 120, "campaigns"),
+    # Outbound webhooks, on their own queue: events whose doorbell was lost, and deliveries no
+    # task is coming for (retries the index lost, a dead task's claims).
+    "emailhub: dispatch outbound events": ("outbound.dispatch_events", 1, 2, "webhooks"),
+    "emailhub: sweep outbound deliveries": ("outbound.sweep", 5, 10, "webhooks"),
 }
 
 

@@ -61,6 +61,7 @@ INSTALLED_APPS = [
     "core",
     "campaigns",
     "delivery",
+    "outbound",
     "scheduling",
     "operations",
 ]
@@ -520,3 +521,45 @@ EMAILHUB_STO_PRIOR_STRENGTH = env_float("EMAILHUB_STO_PRIOR_STRENGTH", 5.0, mini
 
 # A scheduler that claimed units and died holds them this long before the reaper returns them.
 EMAILHUB_SCHEDULER_LEASE_SECONDS = env_float("EMAILHUB_SCHEDULER_LEASE_SECONDS", 30.0, minimum=1.0)
+
+# Outbound event webhooks (outbound/, docs/delivery.md "Telling the application").
+# Endpoint URLs must be https on a public address; these two open http and loopback/private
+# addresses for development and tests only (never in production: they let an API key make the
+# workers call into the private network).
+EMAILHUB_WEBHOOKS_ALLOW_HTTP = env_bool("EMAILHUB_WEBHOOKS_ALLOW_HTTP", False)
+EMAILHUB_WEBHOOKS_ALLOW_PRIVATE = env_bool("EMAILHUB_WEBHOOKS_ALLOW_PRIVATE", False)
+# Seconds before each attempt, from the event: the first at once, then Svix's schedule (5 s,
+# 5 min, 30 min, 2 h, 5 h, 10 h, 10 h); a delivery failing them all is `failed` (replayable).
+EMAILHUB_WEBHOOKS_RETRY_SCHEDULE = [
+    float(step)
+    for step in env_list(
+        "EMAILHUB_WEBHOOKS_RETRY_SCHEDULE", ["0", "5", "300", "1800", "7200", "18000", "36000", "36000"]
+    )
+]
+EMAILHUB_WEBHOOKS_TIMEOUT_SECONDS = env_float("EMAILHUB_WEBHOOKS_TIMEOUT_SECONDS", 15.0, minimum=0.1)
+# An endpoint whose every attempt failed for this long is disabled (the dashboard shows it).
+EMAILHUB_WEBHOOKS_DISABLE_AFTER_SECONDS = env_float(
+    "EMAILHUB_WEBHOOKS_DISABLE_AFTER_SECONDS", 5 * 86400.0, minimum=60.0
+)
+# After a rotation the old secret signs too (a second signature) for this long.
+EMAILHUB_WEBHOOKS_SECRET_GRACE_SECONDS = env_float(
+    "EMAILHUB_WEBHOOKS_SECRET_GRACE_SECONDS", 86400.0, minimum=0.0
+)
+# Delivery tasks running at once per endpoint (the bulkhead between customers' endpoints).
+EMAILHUB_WEBHOOKS_ENDPOINT_CONCURRENCY = env_int("EMAILHUB_WEBHOOKS_ENDPOINT_CONCURRENCY", 4, minimum=1)
+# Consecutive failed attempts that open an endpoint's circuit, and how long it stays open before
+# one probe is let through.
+EMAILHUB_WEBHOOKS_CIRCUIT_FAILURES = env_int("EMAILHUB_WEBHOOKS_CIRCUIT_FAILURES", 5, minimum=1)
+EMAILHUB_WEBHOOKS_CIRCUIT_SECONDS = env_float("EMAILHUB_WEBHOOKS_CIRCUIT_SECONDS", 60.0, minimum=1.0)
+# Events per batched request (an endpoint with `batch`), and deliveries a task claims at once.
+EMAILHUB_WEBHOOKS_BATCH_SIZE = env_int("EMAILHUB_WEBHOOKS_BATCH_SIZE", 100, minimum=1)
+EMAILHUB_WEBHOOKS_CLAIM = env_int("EMAILHUB_WEBHOOKS_CLAIM", 20, minimum=1)
+# A delivery task works an endpoint this long, then hands over to a new task (others' turn).
+EMAILHUB_WEBHOOKS_TASK_SECONDS = env_float("EMAILHUB_WEBHOOKS_TASK_SECONDS", 20.0, minimum=1.0)
+# A delivery claimed longer ago than this by a task that died (kill -9, a lost machine) goes back
+# to pending (its attempt counted) at the next sweep; at least a claim's worth of timeouts.
+EMAILHUB_WEBHOOKS_LEASE_SECONDS = env_float(
+    "EMAILHUB_WEBHOOKS_LEASE_SECONDS",
+    EMAILHUB_WEBHOOKS_TIMEOUT_SECONDS * EMAILHUB_WEBHOOKS_CLAIM + 60.0,
+    minimum=1.0,
+)

@@ -29,6 +29,7 @@ urlpatterns = [
     path("api/v1/", include("campaigns.api.urls")),
     path("api/v1/", include("scheduling.api")),
     path("api/v1/", include("delivery.webhooks.urls")),
+    path("api/v1/", include("outbound.api")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     # Swagger UI and Redoc from our own /static/ (SPECTACULAR_SETTINGS "SIDECAR"); the Redoc page
     # is drf-spectacular's without its Google Fonts links (api_docs/redoc.html).

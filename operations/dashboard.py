@@ -47,6 +47,7 @@ from campaigns.selectors import campaigns_in_flight, waiting_until, waits_for_du
 from core import redis_clients
 from core.admin import zoned_text
 from delivery.selectors import next_sends, provider_health, recent_failures, recent_feedback
+from outbound.selectors import troubled_endpoints
 from scheduling.selectors import queue_snapshot
 
 REFRESH_SECONDS = 5
@@ -204,6 +205,19 @@ def dashboard_data() -> dict[str, Any]:
         "providers": [_provider_row(p) for p in provider_health()],
         "recent_failures": failures,
         "recent_feedback": feedback,
+        # Outbound webhook endpoints disabled by what happened (410, failing for days) or failing
+        # now: the application is not hearing of its mail.
+        "webhook_endpoints": [
+            {
+                "id": e.pk,
+                "url": e.url,
+                "enabled": e.enabled,
+                "reason": e.disabled_reason,
+                "failing_since_display": zoned_text(e.failing_since) if e.failing_since else "",
+                "admin_url": reverse("admin:outbound_endpoint_change", args=[e.pk]),
+            }
+            for e in troubled_endpoints(RECENT_ROWS)
+        ],
     }
 
 

@@ -1,4 +1,5 @@
-"""Turning claimed units into work: rows move to `queued` and their send tasks go to the outbox.
+"""Turning claimed units into work: rows move to `queued` and their send tasks go to the outbox
+(and webhook deliveries due for a retry go back to `pending`, their endpoints' tasks likewise).
 
 One PostgreSQL transaction per claim: conditional UPDATEs (only rows still `scheduled` or in
 `retry_wait` move, so a unit dispatched twice moves nothing the second time) plus the outbox
@@ -15,6 +16,7 @@ from django.db import transaction
 from campaigns.lifecycle import start_campaigns
 from core.schedule_index import Unit, index_after_commit, message_unit
 from delivery.services import send_tasks, transitions
+from outbound.services import delivering
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +29,7 @@ def dispatch(units: list[Unit], timings: dict[str, float] | None = None) -> int:
     message_ids = [u.id for u in units if u.kind == "m"]
     slots = [(u.id, u.due_epoch) for u in units if u.kind == "c"]
     campaigns = [u.id for u in units if u.kind == "a"]
+    retries = [u.id for u in units if u.kind == "w"]
     queued: list[tuple[int, str]] = []
     started = time.perf_counter()
     with transaction.atomic():
@@ -40,6 +43,8 @@ def dispatch(units: list[Unit], timings: dict[str, float] | None = None) -> int:
         if campaigns:
             start_campaigns(campaigns)
         send_tasks.record_sends_by_priority(queued)
+        if retries:
+            delivering.release(retries)
         statements_done = time.perf_counter()
     if timings is not None:
         timings["sql"] = statements_done - started

@@ -28,6 +28,7 @@ from campaigns.models import Campaign
 from core import redis_clients, schedule_index
 from delivery.selectors import pending_message_units
 from delivery.services import probes, transitions
+from outbound.services import delivering
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +49,7 @@ def reconcile() -> Reconciled:
     result = Reconciled()
     result.redis_was_reset = bool(redis_clients.schedule().set(MARKER, int(time.time()), nx=True))
     units = pending_message_units()
+    units += delivering.retry_units()
     units += [
         (schedule_index.campaign_unit(campaign_id), scheduled_at.timestamp())
         for campaign_id, scheduled_at in Campaign.objects.filter(

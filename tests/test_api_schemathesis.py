@@ -105,6 +105,9 @@ EXECUTABLE = ("not an executable type mailbox providers reject (.exe, .js…, de
               "dots and spaces")  # fmt: skip
 CONTAINER = "multipart/* and message/* in any case: JSON Schema patterns have no flags"
 UNIQUE_CID = "a content_id unique among the message's attachments: a relation between items"
+PUBLIC_URL = ("https on a host that resolves, only to public addresses (outbound/services/addresses.py): "
+              "DNS, not a shape")  # fmt: skip
+REPLAYABLE = "an event this endpoint was sent, or exactly one of `event_id` and `since`: state and a relation"
 
 HEADERS = ("header names emailhub owns or that change routing (From, Content-*, X-SES-*…) and RFC 5322 field "
            "names: OpenAPI 3.0 has no propertyNames")  # fmt: skip
@@ -124,7 +127,7 @@ _CURSOR_PAGED = [
     "/api/v1/campaigns", "/api/v1/contacts", "/api/v1/events", "/api/v1/imports/{id}/duplicates",
     "/api/v1/imports/{id}/rejections", "/api/v1/lists", "/api/v1/messages",
     "/api/v1/messages/{message_id}/events", "/api/v1/recurring-schedules", "/api/v1/suppressions",
-    "/api/v1/templates",
+    "/api/v1/templates", "/api/v1/webhook-endpoints", "/api/v1/webhook-endpoints/{id}/attempts",
 ]  # fmt: skip
 
 # What no schema can express: (operation, status) -> {field the error names: why}. A nested field
@@ -163,6 +166,9 @@ UNEXPRESSIBLE: dict[tuple[str, int], dict[str, str]] = {
     ("POST /api/v1/recurring-schedules", 400): _RECURRING,
     ("PUT /api/v1/recurring-schedules/{id}", 400): _RECURRING,
     ("PATCH /api/v1/recurring-schedules/{id}", 400): _RECURRING,
+    ("POST /api/v1/webhook-endpoints", 400): {"url": PUBLIC_URL},
+    ("PATCH /api/v1/webhook-endpoints/{id}", 400): {"url": PUBLIC_URL},
+    ("POST /api/v1/webhook-endpoints/{id}/replay", 400): {"event_id": REPLAYABLE},
 }
 
 

@@ -7,6 +7,7 @@ layer and those under it:
     operations      operations (the admin's dashboard across every app)
     scheduling      scheduling
     campaign work   campaigns: fan-out, lifecycle, reporting, engagement, imports, admin, API
+    outbound        outbound (the application's webhook endpoints and their deliveries)
     delivery        delivery
     campaign data   campaigns: models, selectors, services, progress, suppressions, unsubscribe links
     fast paths      fastpaths (speed-ups on frameworks' private internals)
@@ -38,7 +39,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-APPS = ("campaigns", "scheduling", "delivery", "operations")
+APPS = ("campaigns", "scheduling", "delivery", "outbound", "operations")
 LAYERS = ("emailhub", *APPS, "fastpaths", "core")
 # Bottom first. A module is in the layer of the longest prefix that names it.
 LAYER_ORDER: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -57,6 +58,7 @@ LAYER_ORDER: tuple[tuple[str, tuple[str, ...]], ...] = (
         ),
     ),
     ("delivery", ("delivery",)),
+    ("outbound", ("outbound",)),
     ("campaign work", ("campaigns",)),
     ("scheduling", ("scheduling",)),
     ("operations", ("operations",)),
@@ -77,6 +79,7 @@ PUBLIC: dict[str, set[str]] = {
     },
     "scheduling": {"models", "services", "selectors", "exceptions"},
     "delivery": {"models", "services", "selectors", "exceptions"},
+    "outbound": {"models", "services", "selectors", "exceptions"},
     "operations": set(),
 }
 # What an app (or core) may take from the configuration package.

@@ -1,0 +1,179 @@
+"""The operator's view of outbound webhooks: endpoints (edited through the API's validation, with
+enable/disable, rotation and replay as actions), and the delivery log, read-only."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils import timezone
+from django.utils.html import format_html
+
+from core.admin import ReadOnlyAdmin, ZonedTimesMixin
+from core.outbound_events import TYPES
+from outbound.api import EndpointSerializer
+from outbound.exceptions import UnsafeUrl
+from outbound.models import Attempt, Delivery, Endpoint
+from outbound.services import delivering, endpoints
+
+
+class EndpointForm(forms.ModelForm):
+    event_types = forms.MultipleChoiceField(
+        choices=[(t, t) for t in TYPES],
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+        help_text="none ticked: every type",
+    )
+
+    class Meta:
+        model = Endpoint
+        fields = ["api_key", "url", "description", "event_types", "batch", "enabled"]
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        # The API's own checks (https, a public address, one line): one rule for both doors.
+        given = {
+            name: cleaned[name] for name in ("url", "description", "event_types", "batch") if name in cleaned
+        }
+        checked = EndpointSerializer(
+            instance=self.instance if self.instance.pk else None, data=given, partial=True
+        )
+        if not checked.is_valid():
+            for name, problems in checked.errors.items():
+                self.add_error(name if name in self.fields else None, "; ".join(str(p) for p in problems))
+        return cleaned
+
+
+@admin.action(description="Disable the selected endpoints")
+def disable_endpoints(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
+    done = sum(
+        endpoints.disable(pk, "disabled by an operator") for pk in queryset.values_list("pk", flat=True)
+    )
+    modeladmin.message_user(request, f"disabled {done} endpoint(s)", messages.SUCCESS)
+
+
+@admin.action(description="Enable the selected endpoints (what waited is sent)")
+def enable_endpoints(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
+    for endpoint in queryset.filter(enabled=False):
+        endpoints.update(endpoint, enabled=True)
+    modeladmin.message_user(request, "enabled", messages.SUCCESS)
+
+
+@admin.action(description="Replay every delivery that failed in the last 7 days")
+def replay_failed(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
+    since = timezone.now() - timedelta(days=7)
+    replayed = sum(endpoints.replay_failed(endpoint, since) for endpoint in queryset)
+    modeladmin.message_user(request, f"{replayed} failed delivery(ies) sent again", messages.SUCCESS)
+
+
+@admin.register(Endpoint)
+class EndpointAdmin(ZonedTimesMixin):
+    form = EndpointForm
+    list_display = ("id", "url", "api_key", "enabled", "circuit", "batch", "failing_since", "disabled_reason")
+    list_filter = ("enabled", "batch", "all_messages")
+    search_fields = ("url", "description")
+    readonly_fields = (
+        "all_messages", "disabled_reason", "disabled_at", "failing_since", "previous_secret_until",
+        "created_at", "updated_at",
+    )  # fmt: skip
+    actions = [enable_endpoints, disable_endpoints, replay_failed]
+
+    @admin.display(description="circuit")
+    def circuit(self, endpoint: Endpoint) -> str:
+        return delivering.circuit_state(endpoint.pk)
+
+    def save_model(self, request: HttpRequest, obj: Endpoint, form: forms.ModelForm, change: bool) -> None:
+        if change:
+            changes = {name: form.cleaned_data[name] for name in form.changed_data}
+            try:
+                endpoints.update(Endpoint.objects.get(pk=obj.pk), **changes)
+            except UnsafeUrl as exc:
+                self.message_user(request, str(exc), messages.ERROR)
+            return
+        data = form.cleaned_data
+        try:
+            created, secret = endpoints.create(
+                data["api_key"],
+                data["url"],
+                event_types=data.get("event_types") or [],
+                batch=data.get("batch", False),
+                description=data.get("description", ""),
+                enabled=data.get("enabled", True),
+            )
+        except UnsafeUrl as exc:
+            self.message_user(request, str(exc), messages.ERROR)
+            return
+        obj.pk = created.pk
+        self.message_user(
+            request,
+            format_html("The endpoint's secret, shown this once: <code>{}</code>", secret),
+            messages.WARNING,
+        )
+
+
+class AttemptInline(admin.TabularInline):
+    model = Attempt
+    fields = ("number", "attempted_at", "status_code", "succeeded", "latency_ms", "error", "response")
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+
+@admin.action(description="Replay the selected deliveries (same webhook-id)", permissions=["operate"])
+def replay_deliveries(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
+    replayed = 0
+    for delivery in queryset.select_related("endpoint"):
+        try:
+            replayed += endpoints.replay_event(delivery.endpoint, delivery.event_ids[0])
+        except Exception as exc:  # noqa: BLE001 - said to the operator, the rest go on
+            modeladmin.message_user(request, f"delivery {delivery.pk}: {exc}", messages.WARNING)
+    modeladmin.message_user(request, f"{replayed} delivery(ies) sent again", messages.SUCCESS)
+
+
+@admin.register(Delivery)
+class DeliveryAdmin(ReadOnlyAdmin):
+    list_display = (
+        "id",
+        "webhook_id",
+        "endpoint",
+        "status",
+        "attempts",
+        "last_status_code",
+        "due_at",
+        "created_at",
+    )
+    list_filter = ("status",)
+    search_fields = ("webhook_id",)
+    list_select_related = ("endpoint",)
+    show_full_result_count = False
+    inlines = [AttemptInline]
+    actions = [replay_deliveries]
+    readonly_fields = ("payload",)
+
+    @admin.display(description="what was sent")
+    def payload(self, delivery: Delivery) -> str:
+        return format_html("<pre>{}</pre>", delivering.payload_preview(delivery.event_ids))
+
+
+@admin.register(Attempt)
+class AttemptAdmin(ReadOnlyAdmin):
+    list_display = (
+        "id",
+        "endpoint",
+        "delivery",
+        "number",
+        "attempted_at",
+        "status_code",
+        "succeeded",
+        "latency_ms",
+    )
+    list_filter = ("succeeded",)
+    list_select_related = ("endpoint", "delivery")
+    show_full_result_count = False

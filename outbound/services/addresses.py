@@ -1,0 +1,103 @@
+"""Which URLs an endpoint may have, checked at registration and again at every delivery.
+
+An endpoint's URL is the application's word, and the workers that call it sit inside the
+operator's network: a URL naming (or resolving to) a loopback, private, link-local, shared or
+cloud-metadata address would let an API key make emailhub call into that network (SSRF). So:
+https only, and every address the host resolves to must be public. DNS can change between the
+check and the call (rebinding), so a delivery resolves, checks, and then connects to the very
+address it checked (services.http), never resolving again. Two settings open this for
+development and tests: EMAILHUB_WEBHOOKS_ALLOW_HTTP and EMAILHUB_WEBHOOKS_ALLOW_PRIVATE.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from django.conf import settings
+
+from outbound.exceptions import UnsafeUrl
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where one request goes: the URL's parts and the checked address to connect to."""
+
+    scheme: str
+    host: str  # as written, for the Host header, SNI and the certificate check
+    port: int
+    path: str  # with its query
+    address: str  # the resolved, checked IP address
+
+
+def _parts(url: str) -> tuple[str, str, int, str]:
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise UnsafeUrl(f"not a valid URL: {exc}") from None
+    scheme = parts.scheme.lower()
+    if scheme not in ("https", "http"):
+        raise UnsafeUrl("the URL must start with https://")
+    if scheme == "http" and not settings.EMAILHUB_WEBHOOKS_ALLOW_HTTP:
+        raise UnsafeUrl("the URL must be https (http is refused: events carry your customers' addresses)")
+    if not parts.hostname:
+        raise UnsafeUrl("the URL has no host")
+    if parts.username or parts.password:
+        raise UnsafeUrl("credentials in the URL are refused; authenticate requests by their signature")
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return scheme, parts.hostname, port or (443 if scheme == "https" else 80), path
+
+
+def refused_reason(address: IPAddress) -> str | None:
+    """Why a request may not go to `address` (None: it may)."""
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    if address.is_global and not address.is_multicast:
+        return None
+    if settings.EMAILHUB_WEBHOOKS_ALLOW_PRIVATE and not (address.is_multicast or address.is_unspecified):
+        return None
+    kind = (
+        "loopback"
+        if address.is_loopback
+        else "link-local or cloud metadata"
+        if address.is_link_local
+        else "private"
+        if address.is_private
+        else "not a public"
+    )
+    return f"{address} is a {kind} address"
+
+
+def _resolve(host: str, port: int) -> list[IPAddress]:
+    try:
+        return [ipaddress.ip_address(host)]
+    except ValueError:
+        pass
+    try:
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise UnsafeUrl(f"{host} does not resolve ({exc})") from None
+    # An address with a zone (fe80::1%eth0) is link-local whatever follows the %.
+    return list(dict.fromkeys(ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in found))
+
+
+def check(url: str) -> Target:
+    """The URL's target, resolved now, every address checked; raises UnsafeUrl naming the
+    problem. The first address is the one to connect to."""
+    scheme, host, port, path = _parts(url)
+    addresses = _resolve(host, port)
+    for address in addresses:
+        reason = refused_reason(address)
+        if reason is not None:
+            raise UnsafeUrl(f"{host} resolves to {reason}; endpoints must be public")
+    return Target(scheme, host, port, path, str(addresses[0]))
+
+
+def check_form(url: str) -> None:
+    """What registration checks before resolving: the scheme, the host, no credentials."""
+    _parts(url)
