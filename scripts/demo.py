@@ -57,6 +57,7 @@ from delivery.models import Message  # noqa: E402
 from delivery.testing.sendgrid_server import SendGridTestServer  # noqa: E402
 from delivery.testing.ses_server import SESTestServer  # noqa: E402
 from delivery.testing.smtp_server import free_port  # noqa: E402
+from outbound.testing.receiver import Receiver  # noqa: E402
 from scripts.demo_cleanup import retire_demo_work  # noqa: E402
 from scripts.stack import PROCESSES, ROOT, Stack, with_option  # noqa: E402
 
@@ -84,6 +85,7 @@ def start_processes(stack: Stack, sink_port: int, web_port: int) -> None:
         ("web", lambda: stack.start_web(web_port)),
         ("worker-transactional", lambda: stack.start("worker-transactional")),
         ("worker-bulk", lambda: stack.start("worker-bulk")),
+        ("worker-webhooks", lambda: stack.start("worker-webhooks")),
         ("beat", lambda: stack.start("beat")),
         ("scheduler", lambda: stack.start("scheduler")),
     ]
@@ -415,6 +417,41 @@ def show_message_api(base_url: str, key: str) -> bool:
     )
 
 
+def register_endpoint(base_url: str, key: str, receiver: Receiver) -> int:
+    """An endpoint on the local receiver for what the message API does next (issue 22)."""
+    console.rule("telling the application: signed webhooks")
+    body = {"url": receiver.url, "event_types": ["message.queued", "message.sent", "message.cancelled"]}
+    created = requests.post(
+        f"{base_url}/api/v1/webhook-endpoints", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=10
+    ).json()
+    receiver.secret = created["secret"]
+    console.print(f"  endpoint #{created['id']} registered on a local receiver for {', '.join(body['event_types'])}")
+    return int(created["id"])
+
+
+def show_webhooks(base_url: str, key: str, endpoint_id: int, receiver: Receiver) -> bool:
+    """What the receiver heard of the message API's messages, each request verified with the
+    Standard Webhooks reference library; and the endpoint's delivery log."""
+    console.rule("what the application heard")
+    # queued ×3, cancelled ×1, sent ×2 (the remaining reminder and the receipt).
+    receiver.wait_for(lambda r: len(r.events(answered_2xx=True)) >= 6, timeout=30)
+    requests_seen = receiver.received
+    for request in requests_seen:
+        event = request.json or {}
+        data = event.get("data", {})
+        mark = "[green]verified[/]" if request.verified else f"[red]not verified: {request.error}[/]"
+        console.print(f"  {request.headers.get('webhook-id', '?'):<10} {event.get('type', '?'):<18} message "
+                      f"{data.get('message_id')} tags {data.get('tags')} metadata {data.get('metadata')}  {mark}")  # fmt: skip
+    attempts = requests.get(
+        f"{base_url}/api/v1/webhook-endpoints/{endpoint_id}/attempts",
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=10,
+    ).json()["results"]
+    console.print(f"  delivery log: {len(attempts)} attempt(s), {sum(a['succeeded'] for a in attempts)} answered 2xx")
+    types = sorted(e["type"] for e in receiver.events(answered_2xx=True))
+    return bool(requests_seen) and all(r.verified for r in requests_seen) and types.count("message.sent") >= 2
+
+
 def main() -> int:
     sink_port, web_port = free_port(), free_port()
     redis.Redis.from_url(DEMO_REDIS_URL).flushdb()
@@ -437,7 +474,12 @@ def main() -> int:
         "SES_SECRET_ACCESS_KEY": "demo",
         "SENDGRID_API_KEY": sendgrid.api_key,
         "SENDGRID_HOST": sendgrid.url,
+        # The demo's webhook receiver listens on 127.0.0.1 over http: allowed here only.
+        "EMAILHUB_WEBHOOKS_ALLOW_HTTP": "1",
+        "EMAILHUB_WEBHOOKS_ALLOW_PRIVATE": "1",
     }
+    os.environ.update(EMAILHUB_WEBHOOKS_ALLOW_HTTP="1", EMAILHUB_WEBHOOKS_ALLOW_PRIVATE="1")
+    receiver = Receiver()
     stack = Stack(env=env, log_dir=log_dir)
     try:
         with console.status("starting local SES (moto) and SendGrid…"):
@@ -482,13 +524,16 @@ def main() -> int:
         )
         ok = ok and campaign.get("status") == "completed"
         show_failover(base_url, key, ids, broke_at, ses, stack)
+        endpoint_id = register_endpoint(base_url, key, receiver)
         ok = show_message_api(base_url, key) and ok
+        ok = show_webhooks(base_url, key, endpoint_id, receiver) and ok
         console.rule("scheduling")
         ok = wait_for_recurring(base_url, key, recurring) and ok
     finally:
         sink = stack.processes.get("smtp-sink")
         with console.status("stopping every process the demo started…"):
             stack.stop_all()
+            receiver.close()
             for server in (ses, sendgrid):
                 try:
                     server.__exit__(None, None, None)

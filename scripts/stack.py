@@ -42,6 +42,13 @@ PROCESSES: dict[str, list[str]] = {
         "--concurrency", "2", "-n", "bulk@%h", "--without-mingle", "--without-gossip",
         "--loglevel", "INFO",
     ],
+    # Outbound webhooks on a worker of their own: a slow or dead receiver holds none of the
+    # processes that send mail (outbound/services/delivering.py).
+    "worker-webhooks": [
+        "celery", "-A", "emailhub", "worker", "-Q", "webhooks",
+        "--prefetch-multiplier", "1", "--concurrency", "2", "-n", "webhooks@%h",
+        "--without-mingle", "--without-gossip", "--loglevel", "INFO",
+    ],
     "beat": [
         "celery", "-A", "emailhub", "beat", "-S", "django_celery_beat.schedulers:DatabaseScheduler",
         "--loglevel", "INFO",
@@ -53,6 +60,7 @@ PROCESSES: dict[str, list[str]] = {
 READY_MARKERS = {
     "worker-transactional": "ready.",
     "worker-bulk": "ready.",
+    "worker-webhooks": "ready.",
     "beat": "beat: Starting",
     "scheduler": "scheduler running",
     "smtp-sink": "SMTP sink listening",

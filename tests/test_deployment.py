@@ -77,7 +77,7 @@ def test_every_process_has_a_systemd_unit_with_the_same_command_that_restarts_it
 
 def test_compose_checks_each_workers_liveness_under_its_own_node_name() -> None:
     services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
-    for name in ("worker-transactional", "worker-bulk"):
+    for name in ("worker-transactional", "worker-bulk", "worker-webhooks"):
         command = services[name]["command"]
         node = command[command.index("-n") + 1]
         assert services[name]["healthcheck"]["test"] == ["CMD", "python", "-m", "core.liveness", node]
@@ -90,6 +90,8 @@ def test_both_worker_pools_take_the_housekeeping_queue_and_only_one_takes_critic
         for name in PROCESSES
         if "-Q" in PROCESSES[name]
     }
+    # The webhooks worker takes its own queue only: no receiver ever holds a process sending mail.
+    assert queues.pop("worker-webhooks") == ["webhooks"]
     assert all("system" in taken for taken in queues.values()), queues
     assert [name for name, taken in queues.items() if "critical" in taken] == ["worker-transactional"]
     assert not {"critical", "high"} & set(queues["worker-bulk"])
