@@ -117,6 +117,11 @@ def campaign_status_sql(campaign_id: str) -> str:
     return f"(SELECT c.status FROM campaigns_campaign AS c WHERE c.id = {campaign_id})"
 
 
+def campaign_tags_sql(campaign_id: str) -> str:
+    """SQL scalar: the tags (jsonb) of the campaign whose id is the expression `campaign_id`."""
+    return f"(SELECT c.tags FROM campaigns_campaign AS c WHERE c.id = {campaign_id})"
+
+
 def audience_size(contact_list_id: int) -> int:
     """What fan-out would create now: the list's active members whose address is not suppressed."""
     with connection.cursor() as cursor:

@@ -30,7 +30,7 @@ class OutboundEvent(models.Model):
     the statement that made it happen, to be delivered to the application's webhook endpoints.
 
     Rows are written set-based inside the statements that move messages (core.outbound_events),
-    only when some enabled endpoint wants them (the database function `emailhub_event_wanted`,
+    only when some enabled endpoint wants them (the database function `emailhub_event_interest`,
     which the outbound app defines). `payload` is the Standard Webhooks body, `{type, timestamp,
     data}`, exactly as it will be sent. The table is an outbox of its own: a row not yet
     `dispatched` to the endpoints' deliveries is found by the outbound app's sweep if the

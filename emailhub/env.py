@@ -77,6 +77,22 @@ def env_list(name: str, default: list[str], *, allowed: set[str] | None = None) 
     return items
 
 
+def env_seconds_list(name: str, default: list[float]) -> list[float]:
+    """A comma-separated list of seconds (each a number, 0 or more), at least one."""
+    items = env_list(name, [str(s) for s in default])
+    try:
+        seconds = [float(item) for item in items]
+    except ValueError:
+        raise ImproperlyConfigured(
+            f"{name} must be numbers of seconds separated by commas, got {items!r}"
+        ) from None
+    if not seconds or any(s < 0 for s in seconds):
+        raise ImproperlyConfigured(
+            f"{name} must list at least one number of seconds, none negative, got {items!r}"
+        )
+    return seconds
+
+
 def env_database_url(name: str, default: str) -> dict[str, object]:
     """Turn ``postgres://user:pass@host:port/dbname`` into a Django DATABASES entry."""
     url = env_str(name, default)

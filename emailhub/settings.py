@@ -13,6 +13,7 @@ from emailhub.env import (
     env_list,
     env_networks,
     env_redis_url,
+    env_seconds_list,
     env_str,
 )
 
@@ -528,14 +529,12 @@ EMAILHUB_SCHEDULER_LEASE_SECONDS = env_float("EMAILHUB_SCHEDULER_LEASE_SECONDS",
 # workers call into the private network).
 EMAILHUB_WEBHOOKS_ALLOW_HTTP = env_bool("EMAILHUB_WEBHOOKS_ALLOW_HTTP", False)
 EMAILHUB_WEBHOOKS_ALLOW_PRIVATE = env_bool("EMAILHUB_WEBHOOKS_ALLOW_PRIVATE", False)
-# Seconds before each attempt, from the event: the first at once, then Svix's schedule (5 s,
-# 5 min, 30 min, 2 h, 5 h, 10 h, 10 h); a delivery failing them all is `failed` (replayable).
-EMAILHUB_WEBHOOKS_RETRY_SCHEDULE = [
-    float(step)
-    for step in env_list(
-        "EMAILHUB_WEBHOOKS_RETRY_SCHEDULE", ["0", "5", "300", "1800", "7200", "18000", "36000", "36000"]
-    )
-]
+# Seconds before each attempt: the first counted from the event's dispatch (at once), each next
+# from the attempt before it failed; Svix's schedule (5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 10 h).
+# A delivery failing them all is `failed` (replayable); as many attempts as entries.
+EMAILHUB_WEBHOOKS_RETRY_SCHEDULE = env_seconds_list(
+    "EMAILHUB_WEBHOOKS_RETRY_SCHEDULE", [0, 5, 300, 1800, 7200, 18000, 36000, 36000]
+)
 EMAILHUB_WEBHOOKS_TIMEOUT_SECONDS = env_float("EMAILHUB_WEBHOOKS_TIMEOUT_SECONDS", 15.0, minimum=0.1)
 # An endpoint whose every attempt failed for this long is disabled (the dashboard shows it).
 EMAILHUB_WEBHOOKS_DISABLE_AFTER_SECONDS = env_float(
@@ -545,8 +544,10 @@ EMAILHUB_WEBHOOKS_DISABLE_AFTER_SECONDS = env_float(
 EMAILHUB_WEBHOOKS_SECRET_GRACE_SECONDS = env_float(
     "EMAILHUB_WEBHOOKS_SECRET_GRACE_SECONDS", 86400.0, minimum=0.0
 )
-# Delivery tasks running at once per endpoint (the bulkhead between customers' endpoints).
-EMAILHUB_WEBHOOKS_ENDPOINT_CONCURRENCY = env_int("EMAILHUB_WEBHOOKS_ENDPOINT_CONCURRENCY", 4, minimum=1)
+# Delivery tasks running at once per endpoint: the bulkhead between customers' endpoints. Below
+# the webhooks worker's concurrency (8 threads), so one slow or dead receiver holds a quarter of
+# it at most and the others' deliveries go on.
+EMAILHUB_WEBHOOKS_ENDPOINT_CONCURRENCY = env_int("EMAILHUB_WEBHOOKS_ENDPOINT_CONCURRENCY", 2, minimum=1)
 # Consecutive failed attempts that open an endpoint's circuit, and how long it stays open before
 # one probe is let through.
 EMAILHUB_WEBHOOKS_CIRCUIT_FAILURES = env_int("EMAILHUB_WEBHOOKS_CIRCUIT_FAILURES", 5, minimum=1)

@@ -3,6 +3,7 @@ enable/disable, rotation and replay as actions), and the delivery log, read-only
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from typing import Any
 
@@ -32,6 +33,14 @@ class EndpointForm(forms.ModelForm):
     class Meta:
         model = Endpoint
         fields = ["api_key", "url", "description", "event_types", "batch", "enabled"]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # A change is measured against what the page showed (posted back as hidden initials),
+        # not against the row when Save is pressed: else a page opened before a 410 disabled the
+        # endpoint re-enabled it with its ticked box (save_model writes only changed_data).
+        for field in self.fields.values():
+            field.show_hidden_initial = True
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}
@@ -70,6 +79,17 @@ def replay_failed(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: 
     modeladmin.message_user(request, f"{replayed} failed delivery(ies) sent again", messages.SUCCESS)
 
 
+@admin.action(description="Rotate the secret (the old one signs too for the grace period)")
+def rotate_secrets(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
+    for endpoint in queryset:
+        secret = endpoints.rotate_secret(endpoint)
+        modeladmin.message_user(
+            request,
+            format_html("Endpoint #{}'s new secret, shown this once: <code>{}</code>", endpoint.pk, secret),
+            messages.WARNING,
+        )
+
+
 @admin.register(Endpoint)
 class EndpointAdmin(ZonedTimesMixin):
     form = EndpointForm
@@ -80,7 +100,7 @@ class EndpointAdmin(ZonedTimesMixin):
         "all_messages", "disabled_reason", "disabled_at", "failing_since", "previous_secret_until",
         "created_at", "updated_at",
     )  # fmt: skip
-    actions = [enable_endpoints, disable_endpoints, replay_failed]
+    actions = [enable_endpoints, disable_endpoints, replay_failed, rotate_secrets]
 
     @admin.display(description="circuit")
     def circuit(self, endpoint: Endpoint) -> str:
@@ -159,7 +179,9 @@ class DeliveryAdmin(ReadOnlyAdmin):
 
     @admin.display(description="what was sent")
     def payload(self, delivery: Delivery) -> str:
-        return format_html("<pre>{}</pre>", delivering.payload_preview(delivery.event_ids))
+        # JSON as the receiver got it (a list's str() would be Python: quotes, None, True).
+        shown = json.dumps(delivering.payload_preview(delivery.event_ids), indent=2, ensure_ascii=False)
+        return format_html("<pre>{}</pre>", shown)
 
 
 @admin.register(Attempt)

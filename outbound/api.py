@@ -104,16 +104,25 @@ class AttemptSerializer(api_input.ModelSerializer):
 
 
 class ReplaySerializer(api_input.ClosedSerializer):
+    webhook_id = serializers.CharField(
+        required=False,
+        max_length=64,
+        help_text="a request you received (its webhook-id header), sent again as it was",
+    )
     event_id = serializers.IntegerField(
-        required=False, min_value=1, help_text="one event, sent again as it was (same webhook-id)"
+        required=False,
+        min_value=1,
+        help_text="one event (`evt_<event_id>`), sent again as it was (same webhook-id)",
     )
     since = serializers.DateTimeField(
         required=False, help_text="every delivery that failed and was created since"
     )
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        if ("event_id" in attrs) == ("since" in attrs):
-            raise serializers.ValidationError({"event_id": ["give either `event_id` or `since`"]})
+        if sum(name in attrs for name in ("webhook_id", "event_id", "since")) != 1:
+            raise serializers.ValidationError(
+                {"event_id": ["give exactly one of `webhook_id`, `event_id` or `since`"]}
+            )
         return attrs
 
 
@@ -209,19 +218,24 @@ class ReplayView(APIView):
             409: error_response(409, "the event is being delivered to this endpoint right now"),
         },
         description=(
-            "Send again one event (`event_id`: its delivery as it was, same webhook-id) or every "
-            "delivery that failed since a time (`since`). 202 with how many deliveries go again."
+            "Send again a request you received (`webhook_id`) or one event (`event_id`, the number "
+            "in `evt_<id>`), each as it was with its webhook-id, or every delivery that failed since "
+            "a time (`since`). 202 with how many deliveries go again."
         ),
     )
     def post(self, request: Request, pk: int) -> Response:
         endpoint = _endpoint(request, pk)
         given = ReplaySerializer(data=request.data)
         given.is_valid(raise_exception=True)
-        if "since" in given.validated_data:
-            replayed = endpoints.replay_failed(endpoint, given.validated_data["since"])
+        chosen = given.validated_data
+        if "since" in chosen:
+            replayed = endpoints.replay_failed(endpoint, chosen["since"])
         else:
             try:
-                replayed = endpoints.replay_event(endpoint, given.validated_data["event_id"])
+                if "webhook_id" in chosen:
+                    replayed = endpoints.replay_webhook(endpoint, chosen["webhook_id"])
+                else:
+                    replayed = endpoints.replay_event(endpoint, chosen["event_id"])
             except NotReplayable as exc:
                 if "right now" in str(exc):
                     raise _Busy(str(exc)) from None

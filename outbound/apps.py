@@ -11,7 +11,7 @@ class OutboundConfig(AppConfig):
         # The outbox's task kinds (the dispatcher's doorbell, an endpoint's delivery task), the
         # tasks, and the backlog gauge: Django wants such registration here.
         from core import metrics
-        from outbound import selectors, tasks  # noqa: F401 - registers the tasks
+        from outbound import checks, selectors, tasks  # noqa: F401 - registers the checks and tasks
         from outbound.services import registration
 
         registration.register()
@@ -21,5 +21,13 @@ class OutboundConfig(AppConfig):
             "Age of the oldest outbound webhook delivery waiting, per endpoint (0: none waits)",
             ["endpoint"],
             selectors.backlog_ages,
+            max_age_seconds=5.0,
+        )
+        metrics.register_scrape_gauge(
+            "webhook_events",
+            "emailhub_webhook_events_waiting_seconds",
+            "Age of the oldest outbound event not yet dispatched to its endpoints (0: none waits)",
+            [],
+            selectors.undispatched_age,
             max_age_seconds=5.0,
         )

@@ -6,6 +6,7 @@ from django.db import connection
 from django.db.models import QuerySet
 from django.utils import timezone
 
+from core import outbound_events
 from delivery.models import ApiKey, ApiKeyScope
 from outbound.models import Endpoint
 
@@ -49,3 +50,10 @@ def backlog_ages() -> list[tuple[tuple[str], float]]:
         return [
             ((str(i),), (now - oldest).total_seconds() if oldest else 0.0) for i, oldest in cursor.fetchall()
         ]
+
+
+def undispatched_age() -> list[tuple[tuple[()], float]]:
+    """Seconds since the oldest event not yet turned into deliveries was written (0: none): the
+    `emailhub_webhook_events_waiting_seconds` gauge; more than a few means no dispatcher runs."""
+    oldest = outbound_events.oldest_waiting()
+    return [((), (timezone.now() - oldest).total_seconds() if oldest else 0.0)]

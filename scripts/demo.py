@@ -422,10 +422,15 @@ def register_endpoint(base_url: str, key: str, receiver: Receiver) -> int:
     console.rule("telling the application: signed webhooks")
     body = {"url": receiver.url, "event_types": ["message.queued", "message.sent", "message.cancelled"]}
     created = requests.post(
-        f"{base_url}/api/v1/webhook-endpoints", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=10
+        f"{base_url}/api/v1/webhook-endpoints",
+        json=body,
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=10,
     ).json()
     receiver.secret = created["secret"]
-    console.print(f"  endpoint #{created['id']} registered on a local receiver for {', '.join(body['event_types'])}")
+    console.print(
+        f"  endpoint #{created['id']} registered on a local receiver for {', '.join(body['event_types'])}"
+    )
     return int(created["id"])
 
 
@@ -447,7 +452,9 @@ def show_webhooks(base_url: str, key: str, endpoint_id: int, receiver: Receiver)
         headers={"Authorization": f"Bearer {key}"},
         timeout=10,
     ).json()["results"]
-    console.print(f"  delivery log: {len(attempts)} attempt(s), {sum(a['succeeded'] for a in attempts)} answered 2xx")
+    console.print(
+        f"  delivery log: {len(attempts)} attempt(s), {sum(a['succeeded'] for a in attempts)} answered 2xx"
+    )
     types = sorted(e["type"] for e in receiver.events(answered_2xx=True))
     return bool(requests_seen) and all(r.verified for r in requests_seen) and types.count("message.sent") >= 2
 

@@ -43,10 +43,11 @@ PROCESSES: dict[str, list[str]] = {
         "--loglevel", "INFO",
     ],
     # Outbound webhooks on a worker of their own: a slow or dead receiver holds none of the
-    # processes that send mail (outbound/services/delivering.py).
+    # processes that send mail (outbound/services/delivering.py). Threads: the work is waiting on
+    # receivers, and eight threads cost one process's memory; an endpoint takes two at most.
     "worker-webhooks": [
         "celery", "-A", "emailhub", "worker", "-Q", "webhooks",
-        "--prefetch-multiplier", "1", "--concurrency", "2", "-n", "webhooks@%h",
+        "--pool", "threads", "--prefetch-multiplier", "1", "--concurrency", "8", "-n", "webhooks@%h",
         "--without-mingle", "--without-gossip", "--loglevel", "INFO",
     ],
     "beat": [

@@ -64,7 +64,9 @@ def test_registration_shows_the_secret_once_and_each_key_sees_its_own(receiver: 
         ("not a url", "valid URL"),
     ],
 )
-def test_a_url_that_may_not_be_called_is_a_400_naming_url_and_stores_nothing(api: APIClient, url: str, said: str) -> None:
+def test_a_url_that_may_not_be_called_is_a_400_naming_url_and_stores_nothing(
+    api: APIClient, url: str, said: str
+) -> None:
     response = api.post("/api/v1/webhook-endpoints", {"url": url}, format="json")
     assert response.status_code == 400
     assert said in str(response.json()["error"]["fields"]["url"])
@@ -72,7 +74,9 @@ def test_a_url_that_may_not_be_called_is_a_400_naming_url_and_stores_nothing(api
 
 
 def test_unknown_event_types_and_fields_are_400s(api: APIClient, receiver: Receiver) -> None:
-    response = api.post("/api/v1/webhook-endpoints", {"url": receiver.url, "event_types": ["message.nope"]}, format="json")
+    response = api.post(
+        "/api/v1/webhook-endpoints", {"url": receiver.url, "event_types": ["message.nope"]}, format="json"
+    )
     assert response.status_code == 400 and "event_types" in response.json()["error"]["fields"]
     response = api.post("/api/v1/webhook-endpoints", {"url": receiver.url, "secret": "mine"}, format="json")
     assert response.status_code == 400
@@ -89,10 +93,14 @@ def test_patch_delete_attempts_rotation_and_replay(api: APIClient, receiver: Rec
     created = _register(api, receiver.url, event_types=["message.sent"])
     endpoint_id = created["id"]
     receiver.secret = created["secret"]
-    changed = api.patch(f"/api/v1/webhook-endpoints/{endpoint_id}", {"description": "v2", "batch": True}, format="json")
+    changed = api.patch(
+        f"/api/v1/webhook-endpoints/{endpoint_id}", {"description": "v2", "batch": True}, format="json"
+    )
     assert changed.status_code == 200 and changed.json()["batch"] is True
 
-    message = api.post("/api/v1/messages", {"to": "a@example.com", "subject": "s", "text": "t"}, format="json").json()
+    message = api.post(
+        "/api/v1/messages", {"to": "a@example.com", "subject": "s", "text": "t"}, format="json"
+    ).json()
     send_messages([message["id"]])
     dispatching.dispatch()
     delivering.deliver(endpoint_id)
@@ -108,7 +116,9 @@ def test_patch_delete_attempts_rotation_and_replay(api: APIClient, receiver: Rec
     receiver.secrets = [created["secret"], rotated["secret"]]
 
     event_id = attempts[0]["event_ids"][0]
-    replayed = api.post(f"/api/v1/webhook-endpoints/{endpoint_id}/replay", {"event_id": event_id}, format="json")
+    replayed = api.post(
+        f"/api/v1/webhook-endpoints/{endpoint_id}/replay", {"event_id": event_id}, format="json"
+    )
     assert replayed.status_code == 202 and replayed.json() == {"replayed": 1}
     delivering.deliver(endpoint_id)
     first, again = receiver.received
@@ -126,3 +136,24 @@ def test_patch_delete_attempts_rotation_and_replay(api: APIClient, receiver: Rec
 
     assert api.delete(f"/api/v1/webhook-endpoints/{endpoint_id}").status_code == 204
     assert not Endpoint.objects.exists() and not Delivery.objects.exists()
+
+
+def test_a_request_is_replayed_by_the_webhook_id_the_application_saw(
+    api: APIClient, receiver: Receiver, smtp
+) -> None:  # noqa: ANN001
+    created = _register(api, receiver.url, event_types=["message.sent"])
+    receiver.secret = created["secret"]
+    message = api.post(
+        "/api/v1/messages", {"to": "a@example.com", "subject": "s", "text": "t"}, format="json"
+    ).json()
+    send_messages([message["id"]])
+    dispatching.dispatch()
+    delivering.deliver(created["id"])
+    webhook_id = receiver.received[0].headers["webhook-id"]
+    path = f"/api/v1/webhook-endpoints/{created['id']}/replay"
+    assert api.post(path, {"webhook_id": webhook_id}, format="json").json() == {"replayed": 1}
+    delivering.deliver(created["id"])
+    assert [r.headers["webhook-id"] for r in receiver.received] == [webhook_id, webhook_id]
+    assert api.post(path, {"webhook_id": "evt_0"}, format="json").status_code == 404
+    both = api.post(path, {"webhook_id": webhook_id, "since": "2020-01-01T00:00:00Z"}, format="json")
+    assert both.status_code == 400

@@ -33,7 +33,11 @@ def receiver() -> Iterator[Receiver]:
 
 def _api(port: int, key: str, method: str, path: str, body: dict | None = None) -> requests.Response:
     return requests.request(
-        method, f"http://127.0.0.1:{port}{path}", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=10
+        method,
+        f"http://127.0.0.1:{port}{path}",
+        json=body,
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=10,
     )
 
 
@@ -87,4 +91,6 @@ def test_a_killed_web_or_webhooks_worker_loses_no_event_and_a_hung_receiver_dela
     answered = [r for r in receiver.received if r.status is not None and 200 <= r.status < 300]
     assert held.headers["webhook-id"] in {r.headers["webhook-id"] for r in answered}
     sent = [e for e in receiver.events(answered_2xx=True) if e["type"] == "message.sent"]
-    assert {e["data"]["message_id"]: e["data"]["tags"] for e in sent} == {i: [f"n{n}"] for n, i in enumerate(ids)}
+    assert {e["data"]["message_id"]: e["data"]["tags"] for e in sent} == {
+        i: [f"n{n}"] for n, i in enumerate(ids)
+    }

@@ -177,9 +177,9 @@ END
 # only when the first found nothing). ON CONFLICT names the partial unique index's predicate
 # so PostgreSQL can infer it. The outer SELECT adds the campaign of each inserted row.
 # The outbound event of each new event of a message of ours (core.outbound_events): the
-# message's data (transitions.MESSAGE_DATA_SQL) and the event's own fields: its id, what the
-# provider (or our tracking) reported, the bounce type, an open's or a click's class (and whether
-# that is a person), a click's URL.
+# message's data (transitions.MESSAGE_DATA_SQL) and the event's own fields: what the provider
+# (or our tracking) reported, the bounce type, an open's or a click's class (and whether that is
+# a person), a click's URL (cut to 2,048 characters).
 _FEEDBACK_TYPE = """CASE kind WHEN 'delivered' THEN 'message.delivered' WHEN 'deferred' THEN 'message.deferred'
     WHEN 'delayed' THEN 'message.deferred' WHEN 'bounced' THEN 'message.bounced'
     WHEN 'dropped' THEN 'message.rejected' WHEN 'rejected' THEN 'message.rejected'
@@ -188,16 +188,16 @@ _FEEDBACK_TYPE = """CASE kind WHEN 'delivered' THEN 'message.delivered' WHEN 'de
 _FEEDBACK_DATA = (
     transitions.MESSAGE_DATA_SQL
     + """ || jsonb_strip_nulls(jsonb_build_object(
-    'event_id', event_id, 'event', kind, 'source', source, 'recipient', recipient,
+    'event', kind, 'source', source, 'recipient', recipient,
     'bounce', NULLIF(bounce, ''), 'classification', NULLIF(classification, ''),
     'human', CASE WHEN kind IN ('opened', 'clicked') THEN classification = 'human' END,
-    'url', CASE WHEN kind = 'clicked' THEN NULLIF(detail, '') END,
+    'url', CASE WHEN kind = 'clicked' THEN NULLIF(left(detail, 2048), '') END,
     'detail', CASE WHEN kind <> 'clicked' THEN NULLIF(left(detail, 1000), '') END))"""
 )
 _ANNOUNCE = outbound_events.insert_sql(
     """(SELECT m.id, m.api_key_id, m.to_email, m.status, m.priority, m.provider, m.provider_message_id,
                m.campaign_id, m.tags, m.metadata, m.attempts, m.last_error, m.due_at,
-               ins.id AS event_id, ins.kind, ins.provider AS source, ins.recipient, ins.bounce,
+               ins.kind, ins.provider AS source, ins.recipient, ins.bounce,
                ins.classification, ins.detail, ins.occurred_at
           FROM inserted AS ins JOIN delivery_message AS m ON m.id = ins.message_id) AS f""",
     type_sql=_FEEDBACK_TYPE,

@@ -34,6 +34,7 @@ from campaigns.selectors import (
     WindowPlan,
     best_hour_sql,
     campaign_status_sql,
+    campaign_tags_sql,
     holdout_sql,
     suppressed_sql,
 )
@@ -67,13 +68,15 @@ _TYPE_OF_STATUS = f"""CASE status WHEN {MSG.RETRY_WAIT} THEN 'message.deferred'
                                 WHEN {MSG.SCHEDULED} THEN 'message.queued'
                                 ELSE 'message.' || status END"""
 # What an application is told of a message: who, where it is, its tags and metadata (as given at
-# accept, echoed on every event), its last error cut to 1,000 characters. Under 20 kB whatever
-# the row holds, with the default limits on tags and metadata (core/limits.py).
+# accept, echoed on every event; a campaign's message has its campaign's tags), its last error
+# cut to 1,000 characters. Under 20 kB with the limits on tags and metadata (outbound/checks.py).
 MESSAGE_DATA_SQL = (
     """jsonb_build_object(
     'message_id', id, 'to', to_email, 'status', status, 'priority', priority,
     'provider', provider, 'provider_message_id', provider_message_id, 'campaign_id', campaign_id,
-    'tags', coalesce(tags, '[]'::jsonb), 'metadata', coalesce(metadata, '{}'::jsonb),
+    'tags', coalesce(tags, """
+    + campaign_tags_sql("campaign_id")
+    + """, '[]'::jsonb), 'metadata', coalesce(metadata, '{}'::jsonb),
     'attempts', attempts, 'error', left(last_error, 1000),
     'due_at', """
     + outbound_events.iso_sql("due_at")

@@ -40,7 +40,6 @@ logger = logging.getLogger(__name__)
 
 _SLOTS = "emailhub:outbound:slots:{endpoint}"  # sorted set: task token → lease expiry (epoch)
 _CIRCUIT = "emailhub:outbound:circuit:{endpoint}"  # hash: failures, open_until, probe_until
-SLOT_LEASE_SECONDS = 120.0
 
 # KEYS: slots. ARGV: now, limit, token, expiry. 1 if the token got a slot.
 _ACQUIRE = """
@@ -83,7 +82,7 @@ UPDATE outbound_delivery AS d
  WHERE d.id IN (SELECT id FROM outbound_delivery
                  WHERE endpoint_id = %(endpoint)s AND status = 'pending' AND due_at <= %(now)s
                  ORDER BY due_at, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
-RETURNING d.id, d.event_ids, d.webhook_id, d.attempts
+RETURNING d.id, d.event_ids, d.webhook_id, d.attempts, d.due_at
 """
 
 
@@ -172,7 +171,10 @@ def deliver_round(endpoint: Endpoint, *, limit: int | None = None) -> Round:
     result.claimed_at = now
     with connection.cursor() as cursor:
         cursor.execute(_CLAIM_SQL, {"now": now, "endpoint": endpoint.pk, "limit": claim})
-        claimed = cursor.fetchall()
+        # UPDATE … RETURNING keeps no order (the subquery's ORDER BY picks the rows, not the order
+        # they come back in): sent in the claim's order, oldest first, so a batch endpoint's
+        # requests follow its events and the circuit stops the newest.
+        claimed = [row[:4] for row in sorted(cursor.fetchall(), key=lambda row: (row[4], row[0]))]
     if not claimed:
         if admitted == 2:  # nothing to probe with: let the next task probe
             redis_clients.send_path().hset(_circuit_key(endpoint.pk), "probe_until", 0)
@@ -306,6 +308,10 @@ def _update_endpoint(endpoint: Endpoint, outcomes: list[_Outcome], now: datetime
         if endpoint.failing_since is not None:
             Endpoint.objects.filter(pk=endpoint.pk).update(failing_since=None)
         return
+    passed = [index for index, o in enumerate(outcomes) if o.answer.succeeded]
+    if passed:  # it took an event in this round: failing only since the next attempt
+        Endpoint.objects.filter(pk=endpoint.pk).update(failing_since=outcomes[passed[-1] + 1].at)
+        return
     if endpoint.failing_since is None:
         Endpoint.objects.filter(pk=endpoint.pk, failing_since__isnull=True).update(
             failing_since=outcomes[0].at
@@ -338,7 +344,11 @@ def deliver(endpoint_id: int, *, budget_seconds: float | None = None) -> int:
     while True:
         now = time.time()
         limit = settings.EMAILHUB_WEBHOOKS_ENDPOINT_CONCURRENCY
-        if not client.eval(_ACQUIRE, 1, slots, now, limit, token, now + SLOT_LEASE_SECONDS):
+        # The slot is renewed between rounds, and a round may last a claim's worth of timeouts
+        # (5 minutes by default, against a slow receiver): held as long as a claim's lease, a live
+        # task is never taken for dead and the endpoint never gets more tasks than its limit.
+        lease = settings.EMAILHUB_WEBHOOKS_LEASE_SECONDS
+        if not client.eval(_ACQUIRE, 1, slots, now, limit, token, now + lease):
             return attempted
         stop = ""
         try:
@@ -357,7 +367,7 @@ def deliver(endpoint_id: int, *, budget_seconds: float | None = None) -> int:
                 if time.monotonic() - started > budget:
                     stop = stop or "budget"
                 else:
-                    client.zadd(slots, {token: time.time() + SLOT_LEASE_SECONDS})
+                    client.zadd(slots, {token: time.time() + lease})
         finally:
             client.zrem(slots, token)
         if stop == "budget":

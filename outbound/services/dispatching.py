@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from datetime import timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -25,7 +26,7 @@ STEP = 1000
 # A dispatcher hands over to a new task after this long (others' turn on the queue).
 BUDGET_SECONDS = 10.0
 
-# Which endpoints want which event: the rule of `emailhub_event_wanted` (the migration), per
+# Which endpoints want which event: the rule of `emailhub_event_interest()` (the migration), per
 # endpoint. A batch endpoint's events are cut into requests of EMAILHUB_WEBHOOKS_BATCH_SIZE,
 # in event order; any other endpoint gets a request per event. The webhook-id is the event's for
 # a request of one event (the same at every endpoint, and again on a replay), else the batch's.
@@ -69,7 +70,8 @@ def dispatch_step(limit: int = STEP) -> int:
                     "types": types,
                     "owners": owners,
                     "batch_size": settings.EMAILHUB_WEBHOOKS_BATCH_SIZE,
-                    "now": timezone.now(),
+                    # The schedule's first step: at once by default.
+                    "now": timezone.now() + timedelta(seconds=settings.EMAILHUB_WEBHOOKS_RETRY_SCHEDULE[0]),
                 },
             )
             per_endpoint: dict[int, int] = {}

@@ -62,7 +62,9 @@ def update(endpoint: Endpoint, **changes: object) -> Endpoint:
     for name, value in changes.items():
         setattr(endpoint, name, value)
     with transaction.atomic():
-        endpoint.save()
+        # Only what changed: the row's other columns may have moved since it was read (a worker
+        # set failing_since, a 410 disabled it), and a full save would write them back.
+        endpoint.save(update_fields=[*changes, "updated_at"])
         if enabling:
             kick(endpoint.pk)
     return endpoint
@@ -124,6 +126,17 @@ def replay_event(endpoint: Endpoint, event_id: int, *, now: datetime | None = No
     replayed = _replay(endpoint, "event_ids @> ARRAY[%s]::bigint[]", [event_id], now)
     if not replayed:
         raise NotReplayable(f"event {event_id} is being delivered to this endpoint right now")
+    return replayed
+
+
+def replay_webhook(endpoint: Endpoint, webhook_id: str, *, now: datetime | None = None) -> int:
+    """Send again the delivery the application saw as `webhook_id` (one event's `evt_<id>` or a
+    batch's), as it was. Raises NotReplayable as replay_event does."""
+    if not Delivery.objects.filter(endpoint=endpoint, webhook_id=webhook_id).exists():
+        raise NotReplayable(f"no request with webhook-id {webhook_id} was made to this endpoint")
+    replayed = _replay(endpoint, "webhook_id = %s", [webhook_id], now)
+    if not replayed:
+        raise NotReplayable(f"{webhook_id} is being delivered to this endpoint right now")
     return replayed
 
 
