@@ -16,13 +16,17 @@ from django.utils.html import format_html
 
 from core.admin import ReadOnlyAdmin, ZonedTimesMixin
 from core.outbound_events import TYPES
+from core.validators import ApiValidatedForm
 from outbound.api import EndpointSerializer
 from outbound.exceptions import UnsafeUrl
 from outbound.models import Attempt, Delivery, Endpoint
 from outbound.services import delivering, endpoints
 
 
-class EndpointForm(forms.ModelForm):
+class EndpointForm(ApiValidatedForm):
+    # The API's own checks (https, a public address, one line, known types): one rule, two doors.
+    api_serializer = EndpointSerializer
+    url = forms.URLField(max_length=2000, assume_scheme="https", help_text="https on a public address")
     event_types = forms.MultipleChoiceField(
         choices=[(t, t) for t in TYPES],
         required=False,
@@ -41,20 +45,6 @@ class EndpointForm(forms.ModelForm):
         # endpoint re-enabled it with its ticked box (save_model writes only changed_data).
         for field in self.fields.values():
             field.show_hidden_initial = True
-
-    def clean(self) -> dict[str, Any]:
-        cleaned = super().clean() or {}
-        # The API's own checks (https, a public address, one line): one rule for both doors.
-        given = {
-            name: cleaned[name] for name in ("url", "description", "event_types", "batch") if name in cleaned
-        }
-        checked = EndpointSerializer(
-            instance=self.instance if self.instance.pk else None, data=given, partial=True
-        )
-        if not checked.is_valid():
-            for name, problems in checked.errors.items():
-                self.add_error(name if name in self.fields else None, "; ".join(str(p) for p in problems))
-        return cleaned
 
 
 @admin.action(description="Disable the selected endpoints")
@@ -109,6 +99,8 @@ class EndpointAdmin(ZonedTimesMixin):
     def save_model(self, request: HttpRequest, obj: Endpoint, form: forms.ModelForm, change: bool) -> None:
         if change:
             changes = {name: form.cleaned_data[name] for name in form.changed_data}
+            if changes.get("enabled") is False:
+                changes["disabled_reason"] = "disabled by an operator"
             try:
                 endpoints.update(Endpoint.objects.get(pk=obj.pk), **changes)
             except UnsafeUrl as exc:
@@ -137,10 +129,14 @@ class EndpointAdmin(ZonedTimesMixin):
 
 class AttemptInline(admin.TabularInline):
     model = Attempt
-    fields = ("number", "attempted_at", "status_code", "succeeded", "latency_ms", "error", "response")
+    fields = ("number", "attempted_at", "status_code", "succeeded", "latency", "error", "response")
     readonly_fields = fields
     extra = 0
     can_delete = False
+
+    @admin.display(description="latency")
+    def latency(self, attempt: Attempt) -> str:
+        return f"{attempt.latency_ms:.0f} ms"
 
     def has_add_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False

@@ -121,4 +121,4 @@ class Attempt(models.Model):
         indexes = [models.Index(fields=["endpoint", "-id"], name="outbound_attempt_endpoint_idx")]
 
     def __str__(self) -> str:
-        return f"attempt {self.number} of {self.delivery_id}: {self.status_code or self.error}"
+        return f"attempt {self.number} of delivery {self.delivery_id}: {self.status_code or self.error}"

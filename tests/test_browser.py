@@ -6,9 +6,9 @@ scheduler, the session's local SMTP server and a superuser, all on the test data
 Chromium (Debian's, driven by Playwright with `executable_path`: never `playwright install`).
 Everything is stopped at the end and the database flushed.
 
-The tests run in file order and the last one is the whole workflow (import, template, preview
-and test send, campaign, schedule, dashboard, pause/resume, 100%), because each step needs what
-the one before made. Each step saves a screenshot under SCREENSHOTS (printed at the end).
+The tests run in file order; the whole workflow (import, template, preview and test send,
+campaign, schedule, dashboard, pause/resume, 100%) is one test, because each step needs what the
+one before made. Each step saves a screenshot under SCREENSHOTS (printed at the end).
 
 The campaign is sent under a real rate limit (SMTP_MAX_SEND_RATE, batches of 5) so that it is
 still in flight while the dashboard and the pause button are looked at, and after the resume
@@ -40,7 +40,11 @@ from django.db import connections
 from campaigns.models import Campaign, Contact, ContactList, ImportJob, ListMembership, Template
 from delivery.models import Message
 from delivery.testing.smtp_server import SMTPTestServer, free_port
+from operations.dashboard import _SHARED_KEY
+from outbound.models import Endpoint
+from outbound.services import endpoints
 from scripts.stack import PROCESSES, READY_MARKERS, ROOT, Stack, with_option
+from tests import factories
 from tests.conftest import process_env
 
 CHROMIUM = os.environ.get("EMAILHUB_CHROMIUM", "/usr/bin/chromium")
@@ -583,3 +587,56 @@ def _settled_sent_count(campaign_id: int, timeout: float = 20.0) -> int:
         elif time.monotonic() - since >= quiet_seconds:
             return now
     raise AssertionError(f"sending went on for {timeout:.0f} s after the pause ({last} sent)")
+
+
+# --- outbound webhooks: an endpoint a 410 disabled, enabled again ---------------------------
+
+
+@pytest.fixture(scope="module")
+def gone_endpoint(django_db_setup: Any, django_db_blocker: Any) -> Endpoint:
+    """An endpoint as a delivery answered 410 left it (no webhook worker runs here: nothing is
+    sent to it). Made outside the test's transaction, as `deployed` makes the operator, so that
+    gunicorn sees it."""
+    with django_db_blocker.unblock():
+        key, _ = factories.api_key("send", "read")
+        endpoint, _ = endpoints.create(key, "https://93.184.216.34/hooks/emailhub")
+        assert endpoints.disable(endpoint.pk, "the endpoint answered 410 Gone")
+    return endpoint
+
+
+def test_operator_enables_from_the_dashboard_an_endpoint_a_410_disabled(
+    page: Page, deployed: Deployed, redis: redis_lib.Redis, gone_endpoint: Endpoint
+) -> None:
+    endpoint = gone_endpoint
+    # The dashboard's data is shared for a few seconds (operations.dashboard): a test before this
+    # one may have left some from before the endpoint was disabled.
+    for stale in redis.scan_iter(_SHARED_KEY.format(zone="*")):
+        redis.delete(stale)
+    log_in(page, deployed)
+
+    page.goto(f"{deployed.base}/admin/dashboard/")
+    row = page.locator(f"#webhook-rows tr.webhook-row[data-endpoint-id='{endpoint.pk}']")
+    expect(row).to_contain_text("disabled")
+    expect(row).to_contain_text("the endpoint answered 410 Gone")
+    shot(page, deployed, "dashboard-endpoint-gone")
+    row.get_by_role("link", name=f"#{endpoint.pk}").click()
+    expect(page).to_have_url(f"{deployed.base}/admin/outbound/endpoint/{endpoint.pk}/change/")
+    expect(page.locator("#id_enabled")).not_to_be_checked()
+    expect(page.locator(".field-disabled_reason .readonly")).to_have_text("the endpoint answered 410 Gone")
+
+    # The Enable action, from the list of endpoints.
+    page.locator(".breadcrumbs").get_by_role("link", name="Endpoints").click()
+    listed = page.locator("#result_list tbody tr").filter(
+        has=page.locator(f"input.action-select[value='{endpoint.pk}']")
+    )
+    listed.locator("input.action-select").check()
+    page.select_option("select[name=action]", "enable_endpoints")
+    page.get_by_role("button", name="Go").click()
+    expect(page.locator("ul.messagelist")).to_contain_text("Enabled")
+    expect(listed.locator("td.field-enabled img")).to_have_attribute("alt", "True")
+    shot(page, deployed, "endpoint-enabled")
+    endpoint.refresh_from_db()
+    assert (endpoint.enabled, endpoint.disabled_reason, endpoint.disabled_at) == (True, "", None)
+    assert not deployed.foreign_requests, f"pages reached other origins: {deployed.foreign_requests}"
+    assert not deployed.failed_static, deployed.failed_static
+    assert not deployed.page_errors, deployed.page_errors

@@ -94,7 +94,8 @@ def check(url: str) -> Target:
     for address in addresses:
         reason = refused_reason(address)
         if reason is not None:
-            raise UnsafeUrl(f"{host} resolves to {reason}; endpoints must be public")
+            named = reason if str(address) == host.strip("[]") else f"{host} resolves to {reason}"
+            raise UnsafeUrl(f"{named}; endpoints must be public")
     return Target(scheme, host, port, path, str(addresses[0]))
 
 
