@@ -145,6 +145,21 @@
     });
   }
 
+  function webhooks(tbody, rows) {
+    tbody.replaceChildren();
+    if (!rows.length) { empty(tbody, 4, "Every endpoint is delivering."); return; }
+    rows.forEach(function (e) {
+      var row = document.createElement("tr");
+      row.className = "webhook-row";
+      row.dataset.endpointId = e.id;
+      linkCell(row, e.admin_url, "#" + e.id);
+      cell(row, e.url);
+      cell(row, e.enabled ? "failing since " + e.failing_since_display : "disabled");
+      cell(row, e.reason);
+      tbody.appendChild(row);
+    });
+  }
+
   function start() {
     var root = document.getElementById("dashboard");
     if (!root) { return; }
@@ -164,6 +179,7 @@
           providers(document.getElementById("provider-rows"), data.providers);
           failures(document.getElementById("failure-rows"), data.recent_failures);
           feedback(document.getElementById("feedback-rows"), data.recent_feedback);
+          webhooks(document.getElementById("webhook-rows"), data.webhook_endpoints);
           document.getElementById("dashboard-updated").textContent = data.generated_at_display;
           root.dataset.refreshedAt = data.generated_at;
           status.textContent = "";
