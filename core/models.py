@@ -40,6 +40,8 @@ class OutboundEvent(models.Model):
     type = models.CharField(max_length=40)
     # The API key whose message it is; None for campaign mail and anything else no key sent.
     owner_key_id = models.BigIntegerField(null=True, blank=True)
+    # The message it tells of (None: a campaign's own event): what an erasure scrubs.
+    message_id = models.BigIntegerField(null=True, blank=True)
     payload = models.JSONField()
     dispatched = models.BooleanField(default=False, db_default=False)
     created_at = models.DateTimeField(db_default=Now(), editable=False)
@@ -50,6 +52,12 @@ class OutboundEvent(models.Model):
             # The dispatcher's claim, oldest first: only the rows still waiting are indexed.
             models.Index(
                 fields=["id"], name="outbound_event_waiting_idx", condition=models.Q(dispatched=False)
+            ),
+            # An erasure finds the events of the erased address's messages.
+            models.Index(
+                fields=["message_id"],
+                name="outbound_event_message_idx",
+                condition=models.Q(message_id__isnull=False),
             ),
         ]
 

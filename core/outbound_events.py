@@ -62,15 +62,24 @@ def iso_sql(at: str) -> str:
 
 
 def insert_sql(
-    source: str, *, type_sql: str, owner_sql: str, data_sql: str, at_sql: str = "clock_timestamp()"
+    source: str,
+    *,
+    type_sql: str,
+    owner_sql: str,
+    data_sql: str,
+    at_sql: str = "clock_timestamp()",
+    message_sql: str = "NULL::bigint",
 ) -> str:
     """An `INSERT … SELECT … RETURNING id` of one event per row of `source` (a CTE or table name)
     that an endpoint wants, to be used as a CTE of the statement that changed those rows. The
     expressions are SQL over `source`'s columns: the event's type (NULL: no event for that row),
-    the API key it belongs to, its `data` object (jsonb) and when it happened."""
-    return f"""INSERT INTO core_outboundevent (type, owner_key_id, payload)
-    SELECT e.type, e.owner, jsonb_build_object('type', e.type, 'timestamp', {iso_sql("e.at")}, 'data', e.data)
-      FROM (SELECT {type_sql} AS type, {owner_sql} AS owner, {data_sql} AS data, {at_sql} AS at
+    the API key it belongs to, its `data` object (jsonb), when it happened and the message it
+    tells of."""
+    return f"""INSERT INTO core_outboundevent (type, owner_key_id, message_id, payload)
+    SELECT e.type, e.owner, e.message_id,
+           jsonb_build_object('type', e.type, 'timestamp', {iso_sql("e.at")}, 'data', e.data)
+      FROM (SELECT {type_sql} AS type, {owner_sql} AS owner, {data_sql} AS data, {at_sql} AS at,
+                   {message_sql} AS message_id
               FROM {source}) AS e
      WHERE (SELECT cardinality(emailhub_event_interest())) > 0 AND e.type IS NOT NULL
        AND (SELECT emailhub_event_interest())
@@ -109,6 +118,28 @@ def bodies(event_ids: Sequence[int]) -> dict[int, str]:
             "SELECT id, payload::text FROM core_outboundevent WHERE id = ANY(%s)", [list(event_ids)]
         )
         return dict(cursor.fetchall())
+
+
+def erase(message_ids: Sequence[int], placeholder: str) -> int:
+    """Scrub the events of these messages (a recipient's erasure, in the caller's transaction):
+    their address becomes `placeholder`, and what may quote the person (metadata, an error, a
+    bounce's detail, a click's URL) goes. An event not delivered yet is sent scrubbed. Returns
+    how many events were rewritten."""
+    if not message_ids:
+        return 0
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            UPDATE core_outboundevent
+               SET payload = jsonb_set(
+                       jsonb_set(payload, '{data,to}', to_jsonb(%s::text)),
+                       '{data,metadata}', '{}'::jsonb)
+                   #- '{data,recipient}' #- '{data,error}' #- '{data,detail}' #- '{data,url}'
+             WHERE message_id = ANY(%s)
+            """,
+            [placeholder, list(message_ids)],
+        )
+        return cursor.rowcount
 
 
 def oldest_waiting() -> datetime | None:

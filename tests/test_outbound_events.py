@@ -18,6 +18,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from campaigns import fanout, lifecycle
+from campaigns.erasure import erase_contacts
 from campaigns.models import Campaign
 from campaigns.suppressions import suppress
 from core.models import OutboundEvent
@@ -546,3 +547,29 @@ def test_the_doorbell_rings_after_commit_and_events_whose_ring_was_lost_are_disp
     assert not OutboundEvent.objects.filter(dispatched=False).exists()
     assert dispatching.dispatch() == 0  # dispatched once
     assert Delivery.objects.count() == 2
+
+
+def test_erasing_a_recipient_scrubs_what_its_events_say_of_it(
+    app: tuple[ApiKey, APIClient], listening: Endpoint, smtp: SMTPTestServer
+) -> None:
+    contact = factories.contact("ann@example.com")
+    sent = accept(app[1], metadata={"customer": "Ann Example"})
+    send_messages([sent])
+    waiting = accept(app[1], send_at=(timezone.now() + timedelta(hours=1)).isoformat())
+    record_events(
+        [ProviderEvent(provider="ses", event_id="b-1", kind="bounced", occurred_at=datetime.now(UTC),
+                       message_id=sent, bounce="transient", detail="ann@example.com: mailbox full")]
+    )  # fmt: skip
+    erase_contacts([contact.pk])
+
+    events = written()
+    assert types() == [
+        "message.queued",
+        "message.sent",
+        "message.queued",
+        "message.bounced",
+        "message.cancelled",
+    ]
+    assert "ann@example.com" not in str(events).lower() and "Ann Example" not in str(events)
+    assert {e["data"]["to"] for e in events} == {f"erased-{contact.pk}@invalid"}
+    assert [e["data"]["message_id"] for e in events] == [sent, sent, waiting, sent, waiting]

@@ -204,6 +204,7 @@ _ANNOUNCE = outbound_events.insert_sql(
     owner_sql="api_key_id",
     data_sql=_FEEDBACK_DATA,
     at_sql="occurred_at",
+    message_sql="id",
 )
 
 _INSERT_SQL = f"""

@@ -18,7 +18,7 @@ import redis as redis_lib
 from django.db import connection, transaction
 
 from campaigns.progress import move_counters
-from core import schedule_index
+from core import outbound_events, schedule_index
 from delivery.selectors import message_states, unsent_message_ids_to
 from delivery.services import send_tasks, transitions
 from delivery.services.transitions import CANCELLABLE
@@ -136,4 +136,5 @@ def erase_address(email: str, placeholder: str) -> int:
                     "UPDATE delivery_emailevent SET payload = '{}'::jsonb WHERE message_id = ANY(%s)",
                     [erased],
                 )
+            outbound_events.erase(erased, placeholder)  # what the application is (or was) told
     return len(erased)

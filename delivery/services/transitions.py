@@ -88,7 +88,7 @@ def _announce(source: str, type_sql: str = _TYPE_OF_STATUS) -> str:
     """The CTE body that records an outbound event for each row of `source` (which holds
     _EVENT_COLUMNS), typed by the status each reached unless `type_sql` says otherwise."""
     return outbound_events.insert_sql(
-        source, type_sql=type_sql, owner_sql="api_key_id", data_sql=MESSAGE_DATA_SQL
+        source, type_sql=type_sql, owner_sql="api_key_id", data_sql=MESSAGE_DATA_SQL, message_sql="id"
     )
 
 
