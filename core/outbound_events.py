@@ -12,8 +12,8 @@ a process killed after the commit), and a batch of 500 sends writes its events i
 A row is written only when some enabled endpoint wants it. `emailhub_event_interest()` is a SQL
 function the outbound app defines over its endpoints (core names no app's table; until the app's
 migration runs it answers nobody): the `owner:type` keys wanted, `*` for any. A statement reads
-it once (an InitPlan), not per row: with no endpoint it is a one-time filter and the statement
-does nothing more; with some, each row costs an array overlap.
+it once, not per row: with no endpoint the moved rows are never read again; with some, each
+row costs an array overlap.
 
 The table is its own outbox: after the commit the writer rings the dispatcher's doorbell
 (`ring_after_commit`), and the outbound app's beat tick dispatches whatever a lost ring left.
@@ -78,12 +78,14 @@ def insert_sql(
     return f"""INSERT INTO core_outboundevent (type, owner_key_id, message_id, payload)
     SELECT e.type, e.owner, e.message_id,
            jsonb_build_object('type', e.type, 'timestamp', {iso_sql("e.at")}, 'data', e.data)
-      FROM (SELECT {type_sql} AS type, {owner_sql} AS owner, {data_sql} AS data, {at_sql} AS at,
-                   {message_sql} AS message_id
-              FROM {source}) AS e
-     WHERE (SELECT cardinality(emailhub_event_interest())) > 0 AND e.type IS NOT NULL
-       AND (SELECT emailhub_event_interest())
-           && ARRAY['*:*', '*:' || e.type, e.owner || ':*', e.owner || ':' || e.type]
+      -- The interest, read once (OFFSET 0 keeps the subquery from being pulled up, which would
+      -- call the function once per row); when it is empty the rows are never read.
+      FROM (SELECT emailhub_event_interest() AS keys OFFSET 0) AS i
+     CROSS JOIN LATERAL (SELECT {type_sql} AS type, {owner_sql} AS owner, {data_sql} AS data,
+                                {at_sql} AS at, {message_sql} AS message_id
+                           FROM {source}) AS e
+     WHERE cardinality(i.keys) > 0 AND e.type IS NOT NULL
+       AND i.keys && ARRAY['*:*', '*:' || e.type, e.owner || ':*', e.owner || ':' || e.type]
     RETURNING id"""
 
 

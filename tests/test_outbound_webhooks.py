@@ -542,9 +542,7 @@ def test_an_address_allowed_at_registration_is_checked_again_at_every_delivery(
     assert delivering.deliver(endpoint.pk) == 2
     assert receiver.received == []
     errors = set(Attempt.objects.values_list("error", flat=True))
-    assert errors == {
-        "refused: 127.0.0.1 resolves to 127.0.0.1 is a loopback address; endpoints must be public"
-    }
+    assert errors == {"refused: 127.0.0.1 is a loopback address; endpoints must be public"}
     assert set(Attempt.objects.values_list("status_code", flat=True)) == {None}
     assert statuses() == ["retry_wait", "retry_wait"]
 
