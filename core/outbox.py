@@ -34,6 +34,7 @@ from redis.exceptions import NoScriptError, RedisError
 
 from core import redis_clients
 from core.models import OutboxTask
+from core.sql import execute_prepared
 from emailhub.celery import app as celery_app
 
 logger = logging.getLogger(__name__)
@@ -408,7 +409,8 @@ def insert_with_task(
         + " SELECT inserted.*, task.* FROM inserted, task"
     )
     with connection.cursor() as cursor:
-        cursor.execute(sql, [*params, kind, *payload_params])
+        # Planned once per connection: one such statement is sent per accepted message.
+        execute_prepared(cursor, sql, [*params, kind, *payload_params])
         found = cursor.fetchone()
     if found is None:
         return None  # the caller's INSERT inserted nothing (ON CONFLICT DO NOTHING): no task

@@ -243,6 +243,10 @@ EMAILHUB_FAST_PATHS = [
 OUTBOX_PUBLISHERS = {"fast": "fastpaths.publish.ProtocolPublisher", "plain": "core.outbox.CeleryPublisher"}
 EMAILHUB_OUTBOX_PUBLISHER = OUTBOX_PUBLISHERS["fast" if "publish" in EMAILHUB_FAST_PATHS else "plain"]
 # Outbox rows older than this that were not published on commit are published by the relay.
+# The accept INSERT (with its outbox row and outbound event) is prepared once per database
+# connection (core.sql.execute_prepared). Off for a pooler in transaction mode that cannot keep a
+# connection's prepared statements (PgBouncer before max_prepared_statements).
+EMAILHUB_PREPARED_STATEMENTS = env_bool("EMAILHUB_PREPARED_STATEMENTS", True)
 EMAILHUB_OUTBOX_GRACE_SECONDS = env_float("EMAILHUB_OUTBOX_GRACE_SECONDS", 2.0, minimum=0.0)
 # A message stuck in `sending` this long (its worker died) is given back to the queue.
 EMAILHUB_SENDING_LEASE_SECONDS = env_int("EMAILHUB_SENDING_LEASE_SECONDS", 600, minimum=10)
@@ -555,6 +559,11 @@ EMAILHUB_WEBHOOKS_CIRCUIT_SECONDS = env_float("EMAILHUB_WEBHOOKS_CIRCUIT_SECONDS
 # Events per batched request (an endpoint with `batch`), and deliveries a task claims at once.
 EMAILHUB_WEBHOOKS_BATCH_SIZE = env_int("EMAILHUB_WEBHOOKS_BATCH_SIZE", 100, minimum=1)
 EMAILHUB_WEBHOOKS_CLAIM = env_int("EMAILHUB_WEBHOOKS_CLAIM", 20, minimum=1)
+# While events keep coming, the dispatcher waits this long between its steps, so that they carry
+# more events each (fuller batches, fewer transactions and tasks); the first of a lull goes at once.
+EMAILHUB_WEBHOOKS_DISPATCH_GATHER_SECONDS = env_float(
+    "EMAILHUB_WEBHOOKS_DISPATCH_GATHER_SECONDS", 0.2, minimum=0.0
+)
 # A delivery task works an endpoint this long, then hands over to a new task (others' turn).
 EMAILHUB_WEBHOOKS_TASK_SECONDS = env_float("EMAILHUB_WEBHOOKS_TASK_SECONDS", 20.0, minimum=1.0)
 # A delivery claimed longer ago than this by a task that died (kill -9, a lost machine) goes back

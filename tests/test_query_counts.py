@@ -23,6 +23,7 @@ from rest_framework.test import APIClient
 from campaigns import fanout
 from campaigns.selectors import AUDIENCE_TABLES
 from core import statistics
+from core.sql import PREPARED
 from delivery.models import Message
 from delivery.providers import locmem
 from delivery.services.sending import send_messages
@@ -36,6 +37,10 @@ def shape(sql: str) -> str:
     """A statement in a few words: the tables it writes, else the table (or function) it reads,
     else its first word (BEGIN, COMMIT, SAVEPOINT, RELEASE)."""
     sql = " ".join(sql.replace('"', "").split())
+    # A prepared statement (core.sql.execute_prepared) is described by what it runs.
+    executed = re.match(r"(?:PREPARE \w+ AS .*; )?EXECUTE (emailhub_\w+)", sql)
+    if executed:
+        sql = " ".join(PREPARED[executed[1]].split())
     writes = re.findall(r"(?<!FOR )\b(INSERT INTO|UPDATE|DELETE FROM) (\w+)", sql)
     # A statement that moves messages also writes their outbound events (core.outbound_events),
     # a CTE of the same statement: no round trip of its own, so not a shape of its own either.
@@ -93,6 +98,28 @@ def test_accepting_one_message_is_one_statement_and_the_outbox_delete(api: APICl
         assert api.post("/api/v1/messages", factories.message_body(1), format="json").status_code == 202
 
     assert statements(accept) == ACCEPT_ONE
+
+
+@pytest.mark.parametrize("prepared", [True, False])
+def test_the_accept_statement_is_prepared_once_per_connection_or_sent_as_it_is(
+    api: APIClient,
+    settings,
+    prepared: bool,  # noqa: ANN001
+) -> None:
+    """core.sql.execute_prepared: on a new connection `PREPARE …; EXECUTE …` in one round trip,
+    then `EXECUTE` alone; with EMAILHUB_PREPARED_STATEMENTS off, the statement itself each time.
+    Either way the shapes are ACCEPT_ONE and the message is stored."""
+    settings.EMAILHUB_PREPARED_STATEMENTS = prepared
+    api = warmed(api)
+    connection.close()  # a new connection: nothing prepared on it yet
+    sent: list[str] = []
+    for n in range(3):
+        with CaptureQueriesContext(connection) as captured:
+            assert api.post("/api/v1/messages", factories.message_body(n), format="json").status_code == 202
+        assert [shape(q["sql"]) for q in captured.captured_queries] == ACCEPT_ONE
+        sent.append(captured.captured_queries[0]["sql"].split()[0])
+    assert sent == (["PREPARE", "EXECUTE", "EXECUTE"] if prepared else ["WITH"] * 3)
+    assert Message.objects.count() == 1 + 3  # warmed() sent one
 
 
 @pytest.mark.usefixtures("fast_paths")

@@ -119,7 +119,7 @@ def insert_with_send(
         statement,
         params,
         SEND_MESSAGES,
-        "jsonb_build_object('ids', jsonb_build_array(inserted.id), 'priority', %s::text, 'wake', %s, 'bell', %s)",
+        "jsonb_build_object('ids', jsonb_build_array(inserted.id), 'priority', %s::text, 'wake', %s::boolean, 'bell', %s::boolean)",
         [priority, _wakes(priority), _wakes(priority)],
         also=also,
     )
