@@ -5,6 +5,8 @@ import os
 os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/15")
 os.environ.setdefault("CELERY_BROKER_URL", os.environ["REDIS_URL"])
 os.environ.setdefault("EMAILHUB_OUTBOX_GRACE_SECONDS", "0.5")
+# In-process tests dispatch outbound events step by step: no wait between steps.
+os.environ.setdefault("EMAILHUB_WEBHOOKS_DISPATCH_GATHER_SECONDS", "0")
 
 from emailhub.settings import *  # noqa: E402,F403
 

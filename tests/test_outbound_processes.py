@@ -87,7 +87,9 @@ def test_a_killed_web_or_webhooks_worker_loses_no_event_and_a_hung_receiver_dela
         }
 
     wait_until(everything_arrived, timeout=60, message="every event delivered")
-    assert all(r.verified for r in receiver.received), [r.error for r in receiver.received]
+    assert all(r.verified for r in receiver.received), [
+        (r.error, r.status, r.headers.get("webhook-id"), r.body[:80]) for r in receiver.received
+    ]
     answered = [r for r in receiver.received if r.status is not None and 200 <= r.status < 300]
     assert held.headers["webhook-id"] in {r.headers["webhook-id"] for r in answered}
     sent = [e for e in receiver.events(answered_2xx=True) if e["type"] == "message.sent"]

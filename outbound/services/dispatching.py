@@ -98,7 +98,13 @@ def dispatch(budget_seconds: float = BUDGET_SECONDS) -> int:
     while time.monotonic() - started < budget_seconds:
         step = dispatch_step()
         done += step
+        if step >= STEP:
+            continue  # more was waiting than one step takes
         if step:
+            # Events come in a trickle (a send batch's at a time): the next step waits for more
+            # of them, so a batch endpoint's requests fill up and each step (a transaction and its
+            # tasks) carries more. The first event of a lull goes at once.
+            time.sleep(settings.EMAILHUB_WEBHOOKS_DISPATCH_GATHER_SECONDS)
             continue
         try:
             redis_clients.send_path().delete(DISPATCH_BELL.key, DISPATCH_BELL.wake_key)

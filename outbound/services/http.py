@@ -10,10 +10,12 @@ schedule), one timeout for the whole request.
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 
 import urllib3
+from django.conf import settings
 
 from core.retry_after import parse_retry_after
 from outbound.services.addresses import Target
@@ -22,6 +24,7 @@ RESPONSE_EXCERPT_BYTES = 1024
 _POOLS_MAX = 256
 
 _pools: dict[tuple[str, str, int, str], urllib3.HTTPConnectionPool] = {}
+_pools_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -39,27 +42,34 @@ class Answer:
 
 def _pool(target: Target, timeout: float) -> urllib3.HTTPConnectionPool:
     key = (target.scheme, target.address, target.port, target.host)
-    pool = _pools.get(key)
-    if pool is None:
-        if len(_pools) >= _POOLS_MAX:  # many endpoints: drop the oldest pool
-            _pools.pop(next(iter(_pools))).close()
-        limit = urllib3.Timeout(total=timeout)
-        if target.scheme == "https":
-            pool = urllib3.HTTPSConnectionPool(
-                target.address,
-                target.port,
-                maxsize=1,
-                timeout=limit,
-                retries=False,
-                server_hostname=target.host,
-                assert_hostname=target.host,
-                cert_reqs="CERT_REQUIRED",
-            )
-        else:
-            pool = urllib3.HTTPConnectionPool(
-                target.address, target.port, maxsize=1, timeout=limit, retries=False
-            )
-        _pools[key] = pool
+    with _pools_lock:
+        return _pools.get(key) or _new_pool(key, target, timeout)
+
+
+def _new_pool(key: tuple[str, str, int, str], target: Target, timeout: float) -> urllib3.HTTPConnectionPool:
+    if len(_pools) >= _POOLS_MAX:  # many endpoints: drop the oldest pool
+        _pools.pop(next(iter(_pools))).close()
+    # As many kept connections as the endpoint may have tasks: the worker's threads share a pool
+    # (with one, a second thread's connection was thrown away after each request).
+    size = settings.EMAILHUB_WEBHOOKS_ENDPOINT_CONCURRENCY
+    limit = urllib3.Timeout(total=timeout)
+    pool: urllib3.HTTPConnectionPool
+    if target.scheme == "https":
+        pool = urllib3.HTTPSConnectionPool(
+            target.address,
+            target.port,
+            maxsize=size,
+            timeout=limit,
+            retries=False,
+            server_hostname=target.host,
+            assert_hostname=target.host,
+            cert_reqs="CERT_REQUIRED",
+        )
+    else:
+        pool = urllib3.HTTPConnectionPool(
+            target.address, target.port, maxsize=size, timeout=limit, retries=False
+        )
+    _pools[key] = pool
     return pool
 
 
