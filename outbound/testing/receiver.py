@@ -147,14 +147,14 @@ class _Handler(BaseHTTPRequestHandler):
         for name, value in self.headers.items():
             name = name.lower()
             headers[name] = f"{headers[name]}, {value}" if name in headers else value
-        request, answer = receiver._record(self.command, self.path, headers, body)
-        if answer.hang is not False and not self._hold(answer.hang, receiver._closing):
+        request, answer = receiver.record_request(self.command, self.path, headers, body)
+        if answer.hang is not False and not self._hold(answer.hang, receiver.closing):
             return self._drop()
-        if answer.delay and receiver._closing.wait(answer.delay):
+        if answer.delay and receiver.closing.wait(answer.delay):
             return self._drop()
         if answer.drop:
             return self._drop()
-        receiver._answered(request, answer.status)
+        receiver.mark_answered(request, answer.status)
         self.send_response(answer.status)
         for name, value in (answer.headers or {}).items():
             self.send_header(name, value)
@@ -196,7 +196,8 @@ class Receiver:
         self._events: list[dict[str, Any]] = []
         self._default: Answer | None = None
         self._next: deque[Answer] = deque()
-        self._closing = threading.Event()
+        # Set by close(): every held or delayed answer ends on it (the handlers wait on it).
+        self.closing = threading.Event()
         self._server = _Server(self)
         self._thread = threading.Thread(
             target=self._server.serve_forever, name=f"webhook-receiver-{self.port}", daemon=True
@@ -322,9 +323,9 @@ class Receiver:
 
     def close(self) -> None:
         """Stop serving and end every connection; held and delayed requests are dropped."""
-        if self._closing.is_set():
+        if self.closing.is_set():
             return
-        self._closing.set()
+        self.closing.set()
         with self._cond:
             self._cond.notify_all()
         self._server.shutdown()
@@ -340,15 +341,16 @@ class Receiver:
             except OSError:
                 pass  # the client closed it already
         for thread in threads:
-            # Every wait in a handler ends on _closing or on its socket's shutdown; one still
+            # Every wait in a handler ends on `closing` or on its socket's shutdown; one still
             # running is a bug here, better reported than a test run that never ends.
             thread.join(timeout=5)
             if thread.is_alive():
                 raise RuntimeError(f"webhook receiver: {thread.name} did not end on close()")
 
-    def _record(
+    def record_request(
         self, method: str, path: str, headers: dict[str, str], body: bytes
     ) -> tuple[Received, Answer]:
+        """Verify and record one request (the request handler calls it); the answer to give."""
         received_at = time.time()
         with self._cond:
             webhooks = list(self._webhooks)
@@ -390,7 +392,8 @@ class Receiver:
             self._cond.notify_all()
         return request, answer
 
-    def _answered(self, request: Received, status: int) -> None:
+    def mark_answered(self, request: Received, status: int) -> None:
+        """Note the status a recorded request was answered with (the request handler calls it)."""
         with self._cond:
             # Found by identity: clear() may have emptied the list while it was being answered.
             for index in range(len(self._received) - 1, -1, -1):
