@@ -39,4 +39,4 @@ test: setup
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy emailhub core fastpaths campaigns delivery scheduling operations scripts
+	$(VENV)/bin/mypy emailhub core fastpaths campaigns delivery outbound scheduling operations scripts
