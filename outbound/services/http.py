@@ -73,6 +73,13 @@ def _new_pool(key: tuple[str, str, int, str], target: Target, timeout: float) ->
     return pool
 
 
+def close_pools() -> None:
+    """Close and forget every kept connection (tests; a process may call it after a fork)."""
+    with _pools_lock:
+        while _pools:
+            _pools.pop(next(iter(_pools))).close()
+
+
 def post(target: Target, body: bytes, headers: dict[str, str], timeout: float) -> Answer:
     default_port = 443 if target.scheme == "https" else 80
     host = target.host if target.port == default_port else f"{target.host}:{target.port}"
