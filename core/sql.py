@@ -10,7 +10,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from django.conf import settings
-from django.db import models
+from django.db import DatabaseError, models
 from django.db.backends.utils import CursorWrapper
 
 
@@ -54,12 +54,39 @@ def execute_prepared(cursor: CursorWrapper, sql: str, params: Sequence[Any]) -> 
     done = _prepared_on.setdefault(key, set())
     arguments = f"({', '.join(['%s'] * len(params))})" if params else ""
     if name in done:
-        cursor.execute(f"EXECUTE {name}{arguments}", params)
+        try:
+            cursor.execute(f"EXECUTE {name}{arguments}", params)
+        except DatabaseError as exc:
+            if getattr(exc.__cause__, "pgcode", None) == INVALID_SQL_STATEMENT_NAME:
+                done.discard(name)  # the session lost it (DISCARD ALL, a pooler): prepared again next time
+            raise
         return
     if len(_prepared_on) > 1000:  # connections come and go: forget the oldest
         _prepared_on.pop(next(iter(_prepared_on)))
+    if name in _uncertain.pop(key, set()) and _exists(cursor, name):
+        # An earlier first call failed after its PREPARE took: it stands (PREPARE is not undone
+        # by a rollback), and preparing it again would fail.
+        done.add(name)
+        cursor.execute(f"EXECUTE {name}{arguments}", params)
+        return
     numbered = iter(range(1, len(params) + 1))
     body = re.sub(r"%s", lambda _: f"${next(numbered)}", sql.replace("%%", "%"))
-    # A literal % in the body is doubled again: psycopg2 reads the whole string for placeholders.
-    cursor.execute(f"PREPARE {name} AS {body.replace('%', '%%')}; EXECUTE {name}{arguments}", params)
+    try:
+        # A literal % in the body is doubled again: psycopg2 reads the whole string for placeholders.
+        cursor.execute(f"PREPARE {name} AS {body.replace('%', '%%')}; EXECUTE {name}{arguments}", params)
+    except DatabaseError:
+        _uncertain.setdefault(key, set()).add(name)  # did the PREPARE take? asked next time
+        raise
     done.add(name)
+
+
+# SQLSTATE 26000: EXECUTE of a name this session has not prepared.
+INVALID_SQL_STATEMENT_NAME = "26000"
+# Statements whose first call failed, by connection: their PREPARE may have taken.
+_uncertain: dict[tuple[int, int], set[str]] = {}
+
+
+def _exists(cursor: CursorWrapper, name: str) -> bool:
+    cursor.execute("SELECT EXISTS (SELECT FROM pg_prepared_statements WHERE name = %s)", [name])
+    row = cursor.fetchone()
+    return bool(row and row[0])

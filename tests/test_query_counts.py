@@ -16,14 +16,14 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import DatabaseError, connection
 from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
 from campaigns import fanout
 from campaigns.selectors import AUDIENCE_TABLES
 from core import statistics
-from core.sql import PREPARED
+from core.sql import PREPARED, execute_prepared
 from delivery.models import Message
 from delivery.providers import locmem
 from delivery.services.sending import send_messages
@@ -340,3 +340,27 @@ def test_a_fan_out_step_takes_the_same_statements_for_50_or_2000_contacts() -> N
         return shapes
 
     assert step(50) == step(2000) == FANOUT_STEP
+
+
+def test_a_prepared_statement_whose_first_call_failed_or_that_the_session_lost_is_prepared_again(
+    api: APIClient,
+    settings,  # noqa: ANN001
+) -> None:
+    """The accept keeps working on a connection where the first PREPARE-and-EXECUTE failed after
+    the PREPARE took (a PREPARE is not undone by the rollback), and after the session forgot its
+    prepared statements (DISCARD ALL, as a pooler may do): each costs one failed request at most."""
+    settings.EMAILHUB_PREPARED_STATEMENTS = True
+    api = warmed(api)
+    connection.close()
+    with connection.cursor() as cursor:  # a statement that fails when it runs, after it was prepared
+        with pytest.raises(DatabaseError):
+            execute_prepared(cursor, "SELECT 1 / %s", [0])
+        execute_prepared(cursor, "SELECT 1 / %s", [1])  # not prepared a second time
+        assert cursor.fetchone() == (1,)
+        cursor.execute("DISCARD ALL")
+        with pytest.raises(DatabaseError):
+            execute_prepared(cursor, "SELECT 1 / %s", [1])  # the session lost it: one failure
+        execute_prepared(cursor, "SELECT 1 / %s", [1])
+        assert cursor.fetchone() == (1,)
+    for n in range(2):
+        assert api.post("/api/v1/messages", factories.message_body(n), format="json").status_code == 202
