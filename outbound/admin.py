@@ -92,6 +92,12 @@ class EndpointAdmin(ZonedTimesMixin):
     )  # fmt: skip
     actions = [enable_endpoints, disable_endpoints, replay_failed, rotate_secrets]
 
+    def get_readonly_fields(self, request: HttpRequest, obj: Endpoint | None = None) -> Any:
+        # An endpoint's key is chosen when it is added: what it hears of (all_messages) follows
+        # from that key, and moving it to another would hand one key's feed to another.
+        readonly = tuple(super().get_readonly_fields(request, obj))
+        return (*readonly, "api_key") if obj is not None else readonly
+
     @admin.display(description="circuit")
     def circuit(self, endpoint: Endpoint) -> str:
         return delivering.circuit_state(endpoint.pk)

@@ -112,6 +112,7 @@ class ReplaySerializer(api_input.ClosedSerializer):
     event_id = serializers.IntegerField(
         required=False,
         min_value=1,
+        max_value=2**63 - 1,
         help_text="one event (`evt_<event_id>`), sent again as it was (same webhook-id)",
     )
     since = serializers.DateTimeField(

@@ -64,6 +64,9 @@ class Delivery(models.Model):
     endpoint = models.ForeignKey(Endpoint, on_delete=models.CASCADE, related_name="deliveries")
     event_ids = ArrayField(models.BigIntegerField())
     webhook_id = models.CharField(max_length=64)
+    # Sent as a JSON array (the endpoint asked for batches when it was made): fixed with the
+    # delivery, so a retry or a replay sends the same body whatever the endpoint says now.
+    batch = models.BooleanField(default=False, db_default=False)
     status = models.CharField(max_length=12, choices=Status.choices, default=Status.PENDING)
     attempts = models.PositiveSmallIntegerField(default=0)
     due_at = models.DateTimeField()

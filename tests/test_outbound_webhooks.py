@@ -37,7 +37,7 @@ from delivery.testing.smtp_server import SMTPTestServer
 from outbound import selectors
 from outbound.exceptions import NotReplayable, UnsafeUrl
 from outbound.models import Attempt, Delivery, Endpoint
-from outbound.services import delivering, dispatching, endpoints
+from outbound.services import addresses, delivering, dispatching, endpoints
 from outbound.services.registration import DELIVER_KIND
 from outbound.testing.receiver import Received, Receiver
 from scheduling.dispatch import dispatch as scheduler_dispatch
@@ -813,3 +813,38 @@ def test_events_whose_doorbell_was_lost_are_delivered_once_the_tick_dispatches_t
     assert dispatching.dispatch() == 3
     assert delivering.deliver(endpoint.pk) == 3
     assert sorted(message_ids(receiver.received)) == [m.pk for m in batch]
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "64:ff9b::a00:1",
+        "64:ff9b::7f00:1",
+        "2002:a00:1::1",
+        "::7f00:1",
+        "::ffff:0:7f00:1",
+        "fec0::1",
+        "64:ff9b:1::1",
+    ],
+)
+def test_ipv6_forms_that_reach_a_private_ipv4_or_a_site_are_refused(
+    address: str, settings: LazySettings
+) -> None:
+    settings.EMAILHUB_WEBHOOKS_ALLOW_PRIVATE = False
+    with pytest.raises(UnsafeUrl):
+        addresses.check(f"https://[{address}]/hook")
+
+
+def test_a_batch_delivery_keeps_its_form_when_the_endpoint_stops_batching(
+    receiver: Receiver, key: ApiKey
+) -> None:
+    endpoint = listen(receiver, key, batch=True)
+    receiver.answer_next(status=500)
+    happen(key, 3)
+    delivering.deliver(endpoint.pk)
+    endpoints.update(endpoint, batch=False)
+    Delivery.objects.update(status=Delivery.Status.PENDING, due_at=timezone.now())
+    delivering.deliver(endpoint.pk)
+    first, again = receiver.received
+    assert isinstance(again.json, list) and len(again.json) == 3 == len(first.json)
+    assert again.headers["webhook-id"] == first.headers["webhook-id"] and again.body == first.body

@@ -53,10 +53,37 @@ def _parts(url: str) -> tuple[str, str, int, str]:
     return scheme, parts.hostname, port or (443 if scheme == "https" else 80), path
 
 
+# IPv6 forms that carry an IPv4 address a gateway would reach (NAT64, IPv4-compatible), checked
+# as that address; and ranges Python calls global that reach a site (deprecated site-local,
+# local-use NAT64).
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_COMPATIBLE = ipaddress.ip_network("::/96")
+_NOT_PUBLIC_V6 = (ipaddress.ip_network("fec0::/10"), ipaddress.ip_network("64:ff9b:1::/48"))
+
+
+def _embedded_ipv4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    if address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    if address.sixtofour is not None:
+        return address.sixtofour
+    if address in _NAT64 or (address in _COMPATIBLE and int(address) > 0xFFFF):
+        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    if address in ipaddress.ip_network("::ffff:0:0:0/96"):  # IPv4-translated (SIIT)
+        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    return None
+
+
 def refused_reason(address: IPAddress) -> str | None:
     """Why a request may not go to `address` (None: it may)."""
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
+    if isinstance(address, ipaddress.IPv6Address):
+        if (
+            any(address in network for network in _NOT_PUBLIC_V6)
+            and not settings.EMAILHUB_WEBHOOKS_ALLOW_PRIVATE
+        ):
+            return f"{address} is not a public address"
+        embedded = _embedded_ipv4(address)
+        if embedded is not None:
+            address = embedded
     if address.is_global and not address.is_multicast:
         return None
     if settings.EMAILHUB_WEBHOOKS_ALLOW_PRIVATE and not (address.is_multicast or address.is_unspecified):

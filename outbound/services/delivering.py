@@ -85,7 +85,7 @@ UPDATE outbound_delivery AS d
  WHERE d.id IN (SELECT id FROM outbound_delivery
                  WHERE endpoint_id = %(endpoint)s AND status = 'pending' AND due_at <= %(now)s
                  ORDER BY due_at, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
-RETURNING d.id, d.event_ids, d.webhook_id, d.attempts, d.due_at
+RETURNING d.id, d.event_ids, d.webhook_id, d.attempts, d.batch, d.due_at
 """
 
 
@@ -177,13 +177,13 @@ def deliver_round(endpoint: Endpoint, *, limit: int | None = None) -> Round:
         # UPDATE … RETURNING keeps no order (the subquery's ORDER BY picks the rows, not the order
         # they come back in): sent in the claim's order, oldest first, so a batch endpoint's
         # requests follow its events and the circuit stops the newest.
-        claimed = [row[:4] for row in sorted(cursor.fetchall(), key=lambda row: (row[4], row[0]))]
+        claimed = [row[:5] for row in sorted(cursor.fetchall(), key=lambda row: (row[5], row[0]))]
     if not claimed:
         if admitted == 2:  # nothing to probe with: let the next task probe
             redis_clients.send_path().hset(_circuit_key(endpoint.pk), "probe_until", 0)
         result.stop = "nothing due"
         return result
-    bodies = outbound_events.bodies([event_id for _, event_ids, _, _ in claimed for event_id in event_ids])
+    bodies = outbound_events.bodies([event_id for _, event_ids, *_ in claimed for event_id in event_ids])
     secrets = endpoints.secrets_in_use(endpoint, now)
     try:
         target: addresses.Target | None = addresses.check(endpoint.url)
@@ -194,12 +194,12 @@ def deliver_round(endpoint: Endpoint, *, limit: int | None = None) -> Round:
     # With no failure counted, a success changes nothing in Redis: one round trip saved per
     # request (17% of the webhooks worker's samples in py-spy, unbatched).
     clean = admitted == 3
-    for index, (delivery_id, event_ids, webhook_id, number) in enumerate(claimed):
+    for index, (delivery_id, event_ids, webhook_id, number, batch) in enumerate(claimed):
         at = timezone.now()
         if target is None:
             answer = http.Answer(None, 0.0, error=f"refused: {refused}")
         else:
-            body = _body(event_ids, bodies, endpoint.batch)
+            body = _body(event_ids, bodies, batch)
             headers = signing.headers(secrets, webhook_id, int(at.timestamp()), body)
             answer = http.post(target, body, headers, settings.EMAILHUB_WEBHOOKS_TIMEOUT_SECONDS)
         outcome = _Outcome(delivery_id, number, answer, at)
@@ -232,10 +232,11 @@ UPDATE outbound_delivery AS d
 RETURNING d.id, d.status, d.due_at
 """
 
-# Claimed but not tried (the circuit opened, or 410, mid-claim): back to pending, attempt unspent.
+# Claimed but not tried (the circuit opened, or 410, mid-claim): back to pending, attempt unspent;
+# only if still this claim's (a sweep may have given it to another task meanwhile).
 _UNCLAIM_SQL = """
 UPDATE outbound_delivery SET status = 'pending', attempts = attempts - 1, claimed_at = NULL
- WHERE id = ANY(%s) AND status = 'delivering'
+ WHERE id = ANY(%s) AND status = 'delivering' AND claimed_at = %s
 """
 
 _ATTEMPTS_SQL = """
@@ -297,7 +298,7 @@ def _record(endpoint: Endpoint, result: Round, unsent: list[int]) -> None:
             },
         )
         if unsent:
-            cursor.execute(_UNCLAIM_SQL, [unsent])
+            cursor.execute(_UNCLAIM_SQL, [unsent, result.claimed_at])
         _update_endpoint(endpoint, outcomes, now)
         retrying = [
             (schedule_index.webhook_unit(i), due) for i, status, due in moved if status == "retry_wait"

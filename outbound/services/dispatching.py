@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import uuid
 from datetime import timedelta
 
 from django.conf import settings
@@ -41,15 +42,15 @@ WITH events AS (
         ON e.enabled AND (e.all_messages OR e.api_key_id = ev.owner)
        AND (cardinality(e.event_types) = 0 OR ev.type = ANY(e.event_types))
 ), grouped AS (
-    SELECT endpoint_id, array_agg(event_id ORDER BY event_id) AS event_ids
+    SELECT endpoint_id, batch, array_agg(event_id ORDER BY event_id) AS event_ids
       FROM matched
-     GROUP BY endpoint_id, CASE WHEN batch THEN chunk ELSE event_id END
+     GROUP BY endpoint_id, batch, CASE WHEN batch THEN chunk ELSE event_id END
 )
-INSERT INTO outbound_delivery (endpoint_id, event_ids, webhook_id, status, attempts, due_at, last_error)
+INSERT INTO outbound_delivery (endpoint_id, event_ids, webhook_id, batch, status, attempts, due_at, last_error)
 SELECT endpoint_id, event_ids,
        CASE WHEN cardinality(event_ids) = 1 THEN 'evt_' || event_ids[1]
             ELSE 'batch_' || endpoint_id || '_' || event_ids[1] END,
-       'pending', 0, %(now)s, ''
+       batch, 'pending', 0, %(now)s, ''
   FROM grouped
 RETURNING endpoint_id
 """
@@ -90,9 +91,28 @@ def dispatch_step(limit: int = STEP) -> int:
     return len(events)
 
 
+# One dispatcher runs at a time (beat starts one every second, the doorbell more): the others
+# end at once instead of each taking a thread of the webhooks worker from the deliveries. KEYS:
+# the lock; ARGV: the token. Released only by its holder.
+RUNNING = "emailhub:outbound:dispatching"
+_RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+
+
 def dispatch(budget_seconds: float = BUDGET_SECONDS) -> int:
-    """Dispatch events until none is left or the budget is spent; returns events dispatched. The
+    """Dispatch events until none is left or the budget is spent; returns events dispatched, 0
+    when another dispatcher is running (it, or the next beat tick, sees what this one would). The
     doorbell is unset before the last look, so an event whose writer found it set is seen."""
+    token = uuid.uuid4().hex
+    client = redis_clients.send_path()
+    if not client.set(RUNNING, token, nx=True, px=int((budget_seconds + 30) * 1000)):
+        return 0
+    try:
+        return _dispatch(budget_seconds)
+    finally:
+        client.eval(_RELEASE, 1, RUNNING, token)
+
+
+def _dispatch(budget_seconds: float) -> int:
     started = time.monotonic()
     done = 0
     while time.monotonic() - started < budget_seconds:
