@@ -18,7 +18,7 @@ from core.admin import ReadOnlyAdmin, ZonedTimesMixin
 from core.outbound_events import TYPES
 from core.validators import ApiValidatedForm
 from outbound.api import EndpointSerializer
-from outbound.exceptions import UnsafeUrl
+from outbound.exceptions import NotReplayable, UnsafeUrl
 from outbound.models import Attempt, Delivery, Endpoint
 from outbound.services import delivering, endpoints
 
@@ -50,7 +50,7 @@ class EndpointForm(ApiValidatedForm):
 @admin.action(description="Disable the selected endpoints")
 def disable_endpoints(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
     done = sum(
-        endpoints.disable(pk, "disabled by an operator") for pk in queryset.values_list("pk", flat=True)
+        endpoints.disable(pk, Endpoint.DISABLED_BY_OPERATOR) for pk in queryset.values_list("pk", flat=True)
     )
     modeladmin.message_user(request, f"disabled {done} endpoint(s)", messages.SUCCESS)
 
@@ -106,7 +106,7 @@ class EndpointAdmin(ZonedTimesMixin):
         if change:
             changes = {name: form.cleaned_data[name] for name in form.changed_data}
             if changes.get("enabled") is False:
-                changes["disabled_reason"] = "disabled by an operator"
+                changes["disabled_reason"] = Endpoint.DISABLED_BY_OPERATOR
             try:
                 endpoints.update(Endpoint.objects.get(pk=obj.pk), **changes)
             except UnsafeUrl as exc:
@@ -154,7 +154,7 @@ def replay_deliveries(modeladmin: admin.ModelAdmin, request: HttpRequest, querys
     for delivery in queryset.select_related("endpoint"):
         try:
             replayed += endpoints.replay_event(delivery.endpoint, delivery.event_ids[0])
-        except Exception as exc:  # noqa: BLE001 - said to the operator, the rest go on
+        except NotReplayable as exc:  # said to the operator, the rest go on
             modeladmin.message_user(request, f"delivery {delivery.pk}: {exc}", messages.WARNING)
     modeladmin.message_user(request, f"{replayed} delivery(ies) sent again", messages.SUCCESS)
 

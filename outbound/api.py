@@ -19,13 +19,14 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from campaigns.exceptions import Conflict
 from core import api_input
 from core.api_schema import error_response
 from core.outbound_events import TYPES
 from core.validators import ONE_LINE
 from delivery.models import ApiKey, ApiKeyScope
 from outbound import selectors
-from outbound.exceptions import NotReplayable, UnsafeUrl
+from outbound.exceptions import BeingDelivered, NotReplayable, UnsafeUrl
 from outbound.models import Attempt, Endpoint
 from outbound.services import addresses, endpoints
 
@@ -237,16 +238,11 @@ class ReplayView(APIView):
                     replayed = endpoints.replay_webhook(endpoint, chosen["webhook_id"])
                 else:
                     replayed = endpoints.replay_event(endpoint, chosen["event_id"])
+            except BeingDelivered as exc:
+                raise Conflict(str(exc)) from None
             except NotReplayable as exc:
-                if "right now" in str(exc):
-                    raise _Busy(str(exc)) from None
                 raise exceptions.NotFound(str(exc)) from None
         return Response({"replayed": replayed}, status=status.HTTP_202_ACCEPTED)
-
-
-class _Busy(exceptions.APIException):
-    status_code = status.HTTP_409_CONFLICT
-    default_code = "conflict"
 
 
 urlpatterns = [

@@ -9,3 +9,7 @@ class UnsafeUrl(ValueError):
 
 class NotReplayable(ValueError):
     """A replay that names nothing this endpoint was ever sent."""
+
+
+class BeingDelivered(NotReplayable):
+    """A replay of what is being delivered to the endpoint right now (it goes anyway)."""

@@ -46,6 +46,11 @@ class Endpoint(models.Model):
     created_at = models.DateTimeField(db_default=Now(), editable=False)
     updated_at = models.DateTimeField(auto_now=True)
 
+    # Reasons of a disabling by hand; any other is trouble (410, failing for days) and shows on
+    # the operator's dashboard.
+    DISABLED_BY_APPLICATION = "disabled by the application"
+    DISABLED_BY_OPERATOR = "disabled by an operator"
+
     class Meta:
         ordering = ["id"]
 

@@ -18,7 +18,7 @@ def endpoints_for(key: ApiKey) -> QuerySet[Endpoint]:
 
 
 # Disabled on purpose, not by trouble.
-BY_HAND = ("", "disabled by the application", "disabled by an operator")
+BY_HAND = ("", Endpoint.DISABLED_BY_APPLICATION, Endpoint.DISABLED_BY_OPERATOR)
 
 
 def troubled_endpoints(limit: int = 20) -> list[Endpoint]:

@@ -195,8 +195,7 @@ _FEEDBACK_DATA = (
     'detail', CASE WHEN kind <> 'clicked' THEN NULLIF(left(detail, 1000), '') END))"""
 )
 _ANNOUNCE = outbound_events.insert_sql(
-    """(SELECT m.id, m.api_key_id, m.to_email, m.status, m.priority, m.provider, m.provider_message_id,
-               m.campaign_id, m.tags, m.metadata, m.attempts, m.last_error, m.due_at,
+    f"""(SELECT {transitions.EVENT_COLUMNS},
                ins.kind, ins.provider AS source, ins.recipient, ins.bounce,
                ins.classification, ins.detail, ins.occurred_at
           FROM inserted AS ins JOIN delivery_message AS m ON m.id = ins.message_id) AS f""",

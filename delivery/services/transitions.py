@@ -55,10 +55,10 @@ PRIORITY = literals(Priority)
 
 # --- outbound events (core.outbound_events): what a move tells the application -----------------
 
-# The columns of a moved row that its event is made of: a statement returns them into a CTE
-# (`moved`, `inserted`, `created`) and `_announce` writes the events from it, in the same
-# statement as the move.
-_EVENT_COLUMNS = (
+# The columns of a moved row that its event is made of (MESSAGE_DATA_SQL reads them): a statement
+# returns them into a CTE (`moved`, `inserted`, `created`) and `_announce` writes the events from
+# it, in the same statement as the move. events.py selects them for its feedback events.
+EVENT_COLUMNS = (
     "m.id, m.api_key_id, m.to_email, m.status, m.priority, m.provider, m.provider_message_id, "
     "m.campaign_id, m.tags, m.metadata, m.attempts, m.last_error, m.due_at"
 )
@@ -86,7 +86,7 @@ MESSAGE_DATA_SQL = (
 
 def _announce(source: str, type_sql: str = _TYPE_OF_STATUS) -> str:
     """The CTE body that records an outbound event for each row of `source` (which holds
-    _EVENT_COLUMNS), typed by the status each reached unless `type_sql` says otherwise."""
+    EVENT_COLUMNS), typed by the status each reached unless `type_sql` says otherwise."""
     return outbound_events.insert_sql(
         source, type_sql=type_sql, owner_sql="api_key_id", data_sql=MESSAGE_DATA_SQL, message_sql="id"
     )
@@ -131,7 +131,7 @@ SELECT %s, {", ".join(f"u.{name}::{kind}" if kind == "jsonb" else f"u.{name}" fo
   FROM unnest({", ".join(f"%s::{'text' if kind == 'jsonb' else kind}[]" for kind in NEW_COLUMNS.values())})
        AS u({", ".join(NEW_COLUMNS)})
 ON CONFLICT (api_key_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-RETURNING {_EVENT_COLUMNS}, m.idempotency_key
+RETURNING {EVENT_COLUMNS}, m.idempotency_key
 ), announced AS ({_announce("inserted")})
 SELECT id, idempotency_key FROM inserted
 """
@@ -164,7 +164,7 @@ _INSERT_ONE_SQL = f"""
 INSERT INTO delivery_message AS m (api_key_id, {", ".join(NEW_COLUMNS)})
 VALUES (%s, {", ".join("%s::jsonb" if kind == "jsonb" else "%s" for kind in NEW_COLUMNS.values())})
 ON CONFLICT (api_key_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-RETURNING {_EVENT_COLUMNS}, m.created_at
+RETURNING {EVENT_COLUMNS}, m.created_at
 """
 # Where insert_one's caller runs the INSERT in a statement of its own (with its send task, through
 # `run`), the event's CTE goes with it; alone, it is wrapped here.
@@ -172,7 +172,7 @@ ANNOUNCE_INSERTED = _announce("inserted")
 _INSERT_ONE_ALONE_SQL = (
     f"WITH inserted AS ({_INSERT_ONE_SQL}), announced AS ({ANNOUNCE_INSERTED}) SELECT * FROM inserted"
 )
-_CREATED_AT = len(_EVENT_COLUMNS.split(","))  # the position of created_at in the returned row
+_CREATED_AT = len(EVENT_COLUMNS.split(","))  # the position of created_at in the returned row
 
 
 def insert_one(
@@ -221,7 +221,7 @@ _NOT_YET = """NOT EXISTS (
        )"""
 
 # A step's new rows, with what their message.queued events are made of.
-_STEP_RETURNING = f"RETURNING {_EVENT_COLUMNS}"
+_STEP_RETURNING = f"RETURNING {EVENT_COLUMNS}"
 
 _STEP_SQL = f"""
 WITH {AUDIENCE_STEP_CTES}, created AS (
@@ -622,7 +622,7 @@ UPDATE delivery_message AS m
        provider_message_id = v.provider_message_id, last_error = NULL
   FROM unnest(%s::bigint[], %s::text[]) AS v(id, provider_message_id)
  WHERE m.id = v.id AND m.status = {MSG.SENDING} AND m.claimed_at = %s
-RETURNING {_EVENT_COLUMNS},
+RETURNING {EVENT_COLUMNS},
           extract(epoch FROM clock_timestamp() - {_ACCEPTED_AT_SQL})::float8 AS seconds
 ), announced AS ({_announce("moved")})
 SELECT campaign_id, priority, seconds, {_ANNOUNCED} FROM moved
@@ -634,7 +634,7 @@ UPDATE delivery_message AS m
    SET status = %s, last_error = v.error
   FROM unnest(%s::bigint[], %s::text[]) AS v(id, error)
  WHERE m.id = v.id AND m.status = {MSG.SENDING} AND m.claimed_at = %s
-RETURNING {_EVENT_COLUMNS}
+RETURNING {EVENT_COLUMNS}
 ), announced AS ({_announce("moved")})
 SELECT campaign_id, priority, {_ANNOUNCED} FROM moved
 """
@@ -650,7 +650,7 @@ UPDATE delivery_message AS m
        attempts = GREATEST(m.attempts - %s, 0)
   FROM unnest(%s::bigint[], %s::timestamptz[], %s::text[]) AS v(id, due_at, error)
  WHERE m.id = v.id AND m.status = {MSG.SENDING} AND m.claimed_at = %s
-RETURNING {_EVENT_COLUMNS}
+RETURNING {EVENT_COLUMNS}
 ), announced AS ({_announce("moved")})
 SELECT id, campaign_id, status, due_at, priority, {_ANNOUNCED} FROM moved
 """
@@ -767,7 +767,7 @@ def requeue_stale(*, lease_seconds: float, max_attempts: int) -> tuple[list[tupl
                    queued_at = clock_timestamp()
              WHERE status = {MSG.SENDING}
                AND claimed_at < clock_timestamp() - make_interval(secs => %s)
-            RETURNING {_EVENT_COLUMNS}
+            RETURNING {EVENT_COLUMNS}
             ), announced AS ({_announce("moved", _FAILED_ONLY)})
             SELECT id, priority, status, campaign_id FROM moved
             """,
@@ -837,7 +837,7 @@ def cancel(message_ids: Sequence[int], reason: str) -> list[tuple[int, int | Non
                SET status = {MSG.CANCELLED}, last_error = %s
               FROM target
              WHERE m.id = target.id
-            RETURNING {_EVENT_COLUMNS}, target.status AS was
+            RETURNING {EVENT_COLUMNS}, target.status AS was
             ), announced AS ({_announce("moved")})
             SELECT id, campaign_id, was FROM moved
             """,
@@ -862,7 +862,7 @@ WITH matched AS (
        SET status = {MSG.CANCELLED}, last_error = %s
       FROM target
      WHERE m.id = target.id
-    RETURNING {_EVENT_COLUMNS}, target.status AS was
+    RETURNING {EVENT_COLUMNS}, target.status AS was
 ), announced AS ({_announce("moved").replace("{", "{{").replace("}", "}}")})
 SELECT coalesce((SELECT array_agg(id ORDER BY id) FROM moved WHERE was <> {MSG.QUEUED}), '{{{{}}}}'),
        (SELECT count(*) FROM moved),
@@ -960,7 +960,7 @@ def cancel_campaign(campaign_id: int) -> CampaignCancelled:
             WITH moved AS (
             UPDATE delivery_message AS m SET status = {MSG.CANCELLED}, last_error = 'campaign cancelled'
              WHERE campaign_id = %s AND status IN ({MSG.QUEUED}, {MSG.SCHEDULED}, {MSG.RETRY_WAIT})
-            RETURNING {_EVENT_COLUMNS}
+            RETURNING {EVENT_COLUMNS}
             ), announced AS ({_announce("moved")})
             SELECT count(*) FROM moved
             """,

@@ -58,6 +58,7 @@ def _parts(url: str) -> tuple[str, str, int, str]:
 # local-use NAT64).
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 _COMPATIBLE = ipaddress.ip_network("::/96")
+_TRANSLATED = ipaddress.ip_network("::ffff:0:0:0/96")  # IPv4-translated (SIIT)
 _NOT_PUBLIC_V6 = (ipaddress.ip_network("fec0::/10"), ipaddress.ip_network("64:ff9b:1::/48"))
 
 
@@ -66,9 +67,7 @@ def _embedded_ipv4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | No
         return address.ipv4_mapped
     if address.sixtofour is not None:
         return address.sixtofour
-    if address in _NAT64 or (address in _COMPATIBLE and int(address) > 0xFFFF):
-        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
-    if address in ipaddress.ip_network("::ffff:0:0:0/96"):  # IPv4-translated (SIIT)
+    if address in _NAT64 or address in _TRANSLATED or (address in _COMPATIBLE and int(address) > 0xFFFF):
         return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
     return None
 

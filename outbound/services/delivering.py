@@ -49,8 +49,9 @@ redis.call('ZADD', KEYS[1], ARGV[4], ARGV[3])
 redis.call('EXPIRE', KEYS[1], 3600)
 return 1
 """
-# KEYS: circuit. ARGV: now, probe seconds. 3: closed with no failure counted (a success need not
-# be recorded), 1: closed (go), 2: the probe (one delivery), 0: open.
+# KEYS: circuit. ARGV: now, probe seconds. Returns one of the four below.
+OPEN, CLOSED, PROBE, CLEAN = 0, 1, 2, 3  # CLEAN: closed with no failure counted (a success
+# then need not be recorded)
 _ADMIT = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 3 end
 local open_until = tonumber(redis.call('HGET', KEYS[1], 'open_until') or '0')
@@ -166,11 +167,11 @@ def deliver_round(endpoint: Endpoint, *, limit: int | None = None) -> Round:
     record every outcome. The endpoint must be enabled."""
     result = Round()
     admitted = _admit(endpoint.pk)
-    if admitted == 0:
+    if admitted == OPEN:
         result.stop = "circuit open"
         return result
     now = timezone.now()
-    claim = 1 if admitted == 2 else (limit or settings.EMAILHUB_WEBHOOKS_CLAIM)
+    claim = 1 if admitted == PROBE else (limit or settings.EMAILHUB_WEBHOOKS_CLAIM)
     result.claimed_at = now
     with connection.cursor() as cursor:
         cursor.execute(_CLAIM_SQL, {"now": now, "endpoint": endpoint.pk, "limit": claim})
@@ -179,7 +180,7 @@ def deliver_round(endpoint: Endpoint, *, limit: int | None = None) -> Round:
         # requests follow its events and the circuit stops the newest.
         claimed = [row[:5] for row in sorted(cursor.fetchall(), key=lambda row: (row[5], row[0]))]
     if not claimed:
-        if admitted == 2:  # nothing to probe with: let the next task probe
+        if admitted == PROBE:  # nothing to probe with: let the next task probe
             redis_clients.send_path().hset(_circuit_key(endpoint.pk), "probe_until", 0)
         result.stop = "nothing due"
         return result
@@ -193,7 +194,7 @@ def deliver_round(endpoint: Endpoint, *, limit: int | None = None) -> Round:
     unsent: list[int] = []
     # With no failure counted, a success changes nothing in Redis: one round trip saved per
     # request (17% of the webhooks worker's samples in py-spy, unbatched).
-    clean = admitted == 3
+    clean = admitted == CLEAN
     for index, (delivery_id, event_ids, webhook_id, number, batch) in enumerate(claimed):
         at = timezone.now()
         if target is None:
@@ -422,7 +423,7 @@ def release(delivery_ids: list[int], *, now: datetime | None = None) -> int:
         schedule_index.index_after_commit(
             [(schedule_index.webhook_unit(i), due) for i, due in cursor.fetchall()]
         )
-        outbox.record_many([(DELIVER_KIND, {"endpoint": e}) for e in endpoints_due])
+        endpoints.kick(*endpoints_due)
     return released
 
 
@@ -462,7 +463,7 @@ def sweep(*, now: datetime | None = None, lease_seconds: float | None = None) ->
         )
         due = [row[0] for row in cursor.fetchall()]
         swept.kicked = len(due)
-        outbox.record_many([(DELIVER_KIND, {"endpoint": e}) for e in due])
+        endpoints.kick(*due)
     return swept
 
 

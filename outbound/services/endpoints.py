@@ -9,11 +9,12 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from core import outbox
 from delivery.models import ApiKey, ApiKeyScope
-from outbound.exceptions import NotReplayable
+from outbound.exceptions import BeingDelivered, NotReplayable
 from outbound.models import Delivery, Endpoint
 from outbound.services import addresses, signing
 from outbound.services.registration import DELIVER_KIND
@@ -55,7 +56,7 @@ def update(endpoint: Endpoint, **changes: object) -> Endpoint:
         changes["event_types"] = sorted(set(changes["event_types"]))  # type: ignore[call-overload]
     enabling = changes.get("enabled") is True and not endpoint.enabled
     if changes.get("enabled") is False and endpoint.enabled:
-        changes.setdefault("disabled_reason", "disabled by the application")
+        changes.setdefault("disabled_reason", Endpoint.DISABLED_BY_APPLICATION)
         changes.setdefault("disabled_at", timezone.now())
     if enabling:
         changes.update(disabled_reason="", disabled_at=None, failing_since=None)
@@ -103,9 +104,9 @@ def disable(endpoint_id: int, reason: str, *, now: datetime | None = None) -> bo
     )
 
 
-def kick(endpoint_id: int) -> None:
-    """Publish a delivery task for the endpoint once the caller's transaction commits."""
-    outbox.record(DELIVER_KIND, {"endpoint": endpoint_id})
+def kick(*endpoint_ids: int) -> None:
+    """Publish a delivery task for each endpoint once the caller's transaction commits."""
+    outbox.record_many([(DELIVER_KIND, {"endpoint": endpoint_id}) for endpoint_id in endpoint_ids])
 
 
 # Replays: the delivery again as it was (same webhook-id), from its first attempt's schedule.
@@ -119,24 +120,41 @@ RETURNING id
 
 def replay_event(endpoint: Endpoint, event_id: int, *, now: datetime | None = None) -> int:
     """Send one event to the endpoint again: the finished delivery (or deliveries) that carried
-    it, as it was. Raises NotReplayable if the endpoint was never given that event, or its
-    delivery is still under way. Returns the deliveries replayed."""
-    if not Delivery.objects.filter(endpoint=endpoint, event_ids__contains=[event_id]).exists():
-        raise NotReplayable(f"event {event_id} was never delivered to this endpoint")
-    replayed = _replay(endpoint, "event_ids @> ARRAY[%s]::bigint[]", [event_id], now)
-    if not replayed:
-        raise NotReplayable(f"event {event_id} is being delivered to this endpoint right now")
-    return replayed
+    it, as it was. Raises NotReplayable if the endpoint was never given that event, and
+    BeingDelivered if its delivery is under way. Returns the deliveries replayed."""
+    return _replay_one(
+        endpoint,
+        Delivery.objects.filter(endpoint=endpoint, event_ids__contains=[event_id]),
+        ("event_ids @> ARRAY[%s]::bigint[]", [event_id]),
+        f"event {event_id}",
+        now,
+    )
 
 
 def replay_webhook(endpoint: Endpoint, webhook_id: str, *, now: datetime | None = None) -> int:
     """Send again the delivery the application saw as `webhook_id` (one event's `evt_<id>` or a
-    batch's), as it was. Raises NotReplayable as replay_event does."""
-    if not Delivery.objects.filter(endpoint=endpoint, webhook_id=webhook_id).exists():
-        raise NotReplayable(f"no request with webhook-id {webhook_id} was made to this endpoint")
-    replayed = _replay(endpoint, "webhook_id = %s", [webhook_id], now)
+    batch's), as it was. Raises as replay_event does."""
+    return _replay_one(
+        endpoint,
+        Delivery.objects.filter(endpoint=endpoint, webhook_id=webhook_id),
+        ("webhook_id = %s", [webhook_id]),
+        f"webhook-id {webhook_id}",
+        now,
+    )
+
+
+def _replay_one(
+    endpoint: Endpoint,
+    carrying: QuerySet[Delivery],
+    condition: tuple[str, list[Any]],
+    named: str,
+    now: datetime | None,
+) -> int:
+    if not carrying.exists():
+        raise NotReplayable(f"{named} was never delivered to this endpoint")
+    replayed = _replay(endpoint, *condition, now)
     if not replayed:
-        raise NotReplayable(f"{webhook_id} is being delivered to this endpoint right now")
+        raise BeingDelivered(f"{named} is being delivered to this endpoint right now")
     return replayed
 
 
