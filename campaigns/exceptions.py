@@ -10,7 +10,7 @@ from rest_framework.exceptions import APIException
 from core.api_json import RequestTooLarge
 
 if TYPE_CHECKING:
-    from campaigns.models import ContactList
+    from campaigns.models import ContactList, Segment
 
 
 class CampaignStateError(Exception):
@@ -30,15 +30,38 @@ class InvalidSchedule(CampaignStateError):
         self.codes = codes or {}
 
 
-class ListInUse(Exception):
-    """A list that campaigns or recurring schedules point at cannot be deleted (FK PROTECT)."""
+class InUse(Exception):
+    """An audience that campaigns or recurring schedules point at cannot be deleted (FK PROTECT)."""
 
-    def __init__(self, contact_list: ContactList, users: list[str]) -> None:
+    what = "audience"
+
+    def __init__(self, audience: ContactList | Segment, users: list[str]) -> None:
         super().__init__(
-            f"list {contact_list.name!r} is used by {', '.join(users)}: "
-            "delete those or point them at another list first"
+            f"{self.what} {audience.name!r} is used by {', '.join(users)}: "
+            f"delete those or point them at another {self.what} first"
         )
         self.users = users
+
+
+class ListInUse(InUse):
+    what = "list"
+
+
+class SegmentInUse(InUse):
+    what = "segment"
+
+
+class InvalidFilter(ValueError):
+    """The filter is refused; `errors` maps each bad node's path to what is wrong with it."""
+
+    def __init__(self, errors: dict[str, str], *, limit: str | None = None) -> None:
+        super().__init__("; ".join(f"{path}: {message}" for path, message in errors.items()))
+        self.errors = errors
+        self.limit = limit  # the setting a refusal for size or depth names
+
+
+class SegmentQueryTimeout(Exception):
+    """A segment's count or sample ran longer than EMAILHUB_SEGMENT_QUERY_TIMEOUT_SECONDS and was stopped."""
 
 
 class ImportFileError(Exception):

@@ -32,6 +32,8 @@ from django.utils import timezone
 from campaigns.models import Campaign
 from campaigns.optimized import window_plan
 from campaigns.progress import complete_if_finished
+from campaigns.segment_sql import Compiled
+from campaigns.segments import audience_condition
 from campaigns.selectors import AUDIENCE_TABLES, WindowPlan
 from core import statistics
 from core.localtime import due_by_timezone
@@ -74,6 +76,8 @@ def _fan_out(
     statistics.analyze_stale(AUDIENCE_TABLES)
     zones: dict[str, datetime] | None = None
     plan: WindowPlan | None = None
+    audience: Compiled | None = None
+    audience_known = False
     while max_steps is None or report.steps < max_steps:
         with transaction.atomic():
             if not _try_lock(campaign_id):
@@ -92,8 +96,10 @@ def _fan_out(
             optimized = campaign.schedule_type == Campaign.ScheduleType.OPTIMIZED
             if optimized and plan is None:
                 plan = window_plan(campaign)
-            last_member, members, ids = _step(
-                campaign, step_size, zones if local else None, plan if optimized else None
+            if not audience_known:  # a segment's filter, compiled once per run
+                audience, audience_known = audience_condition(campaign), True
+            last_member, members, matched, ids = _step(
+                campaign, step_size, zones if local else None, plan if optimized else None, audience
             )
             report.steps += 1
             if members == 0:
@@ -116,7 +122,7 @@ def _fan_out(
             Campaign.objects.filter(pk=campaign.pk).update(
                 fanout_cursor=last_member,
                 total_count=campaign.total_count + len(ids),
-                excluded_count=campaign.excluded_count + members - len(ids),
+                excluded_count=campaign.excluded_count + matched - len(ids),
                 updated_at=timezone.now(),
             )
             report.members += members
@@ -158,9 +164,13 @@ def local_dues(campaign: Campaign) -> dict[str, datetime]:
 
 
 def _step(
-    campaign: Campaign, step_size: int, zones: dict[str, datetime] | None, plan: WindowPlan | None
-) -> tuple[int, int, list[int]]:
-    last_member, members, ids = transitions.materialise_step(
+    campaign: Campaign,
+    step_size: int,
+    zones: dict[str, datetime] | None,
+    plan: WindowPlan | None,
+    audience: Compiled | None,
+) -> tuple[int, int, int, list[int]]:
+    last_member, members, matched, ids = transitions.materialise_step(
         campaign_id=campaign.pk,
         list_id=campaign.contact_list_id,
         cursor=campaign.fanout_cursor,
@@ -169,8 +179,10 @@ def _step(
         priority=campaign.priority,
         zones=zones,
         plan=plan,
+        condition=audience.sql if audience else None,
+        condition_params=audience.params if audience else None,
     )
-    return last_member or campaign.fanout_cursor, members, ids
+    return last_member or campaign.fanout_cursor, members, matched, ids
 
 
 def _finish(campaign: Campaign) -> None:

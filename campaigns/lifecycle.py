@@ -16,7 +16,7 @@ from django.utils import timezone
 from campaigns import fanout_tasks
 from campaigns.exceptions import CampaignStateError, InvalidSchedule
 from campaigns.fanout import local_dues, wait_for_step
-from campaigns.models import Campaign
+from campaigns.models import Campaign, Segment
 from core.limits import SCHEDULE_HORIZON, beyond_horizon
 from core.schedule_index import (
     campaign_unit,
@@ -208,6 +208,12 @@ def schedule(
             )
         campaign.schedule_type = schedule_type
         campaign.scheduled_at = scheduled_at
+        if campaign.segment_id is not None:
+            # What the campaign will send to is the segment as it is now: a later edit of the
+            # segment changes no campaign already on its way (campaigns.segments).
+            campaign.audience_filter = Segment.objects.values_list("filter", flat=True).get(
+                pk=campaign.segment_id
+            )
         now = timezone.now()
         if schedule_type == Campaign.ScheduleType.LOCAL_TIME and local_time is not None:
             campaign.local_date = local_date

@@ -132,6 +132,28 @@ class Template(models.Model):
             raise ValidationError(errors)
 
 
+class Segment(models.Model):
+    """A named filter over contacts (campaigns.segment_filter has the language), evaluated live:
+    a count, a sample, a campaign's fan-out read the contacts as they are then."""
+
+    name = models.CharField(max_length=200, unique=True)
+    description = models.TextField(blank=True, default="")
+    filter = models.JSONField()
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+# A campaign's (and a recurring blueprint's) audience: a list, a segment, or a list narrowed by
+# a segment; never neither.
+AUDIENCE_REQUIRED = models.Q(contact_list__isnull=False) | models.Q(segment__isnull=False)
+
+
 class Campaign(models.Model):
     class Status(models.TextChoices):
         DRAFT = "draft"
@@ -155,7 +177,16 @@ class Campaign(models.Model):
 
     name = models.CharField(max_length=200)
     template = models.ForeignKey(Template, on_delete=models.PROTECT, related_name="campaigns")
-    contact_list = models.ForeignKey(ContactList, on_delete=models.PROTECT, related_name="campaigns")
+    # The audience: the list's members, the segment's matches, or the list's members that match.
+    contact_list = models.ForeignKey(
+        ContactList, null=True, blank=True, on_delete=models.PROTECT, related_name="campaigns"
+    )
+    segment = models.ForeignKey(
+        Segment, null=True, blank=True, on_delete=models.PROTECT, related_name="campaigns"
+    )
+    # The segment's filter as it was when the campaign was scheduled: an edit of the segment
+    # afterwards changes no campaign already on its way (fan-out reads this, not the segment).
+    audience_filter = models.JSONField(null=True, blank=True, editable=False)
     from_email = models.CharField(max_length=254, blank=True, default="")
     priority = models.CharField(max_length=8, choices=Priority.choices, default=Priority.NORMAL)
     status = models.CharField(max_length=12, choices=Status.choices, default=Status.DRAFT)
@@ -210,6 +241,7 @@ class Campaign(models.Model):
     class Meta:
         ordering = ["-id"]
         indexes = [models.Index(fields=["status"], name="campaign_status_idx")]
+        constraints = [models.CheckConstraint(condition=AUDIENCE_REQUIRED, name="campaign_has_audience")]
 
     def __str__(self) -> str:
         return self.name

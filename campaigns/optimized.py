@@ -68,16 +68,21 @@ def population_hour(population: list[float] | None, order: list[int]) -> int:
     return best_hour(None, population, k=settings.EMAILHUB_STO_PRIOR_STRENGTH, window=order)
 
 
-def _list_timezones(contact_list_id: int) -> list[str]:
+def _audience_timezones(contact_list_id: int | None) -> list[str]:
+    """The timezones of the list's members, or of every contact for a segment's campaign (the
+    plan covers them all; a timezone no recipient has costs a few rows in the plan's tables)."""
     with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            SELECT DISTINCT c.timezone FROM campaigns_listmembership AS lm
-              JOIN campaigns_contact AS c ON c.id = lm.contact_id
-             WHERE lm.contact_list_id = %s
-            """,
-            [contact_list_id],
-        )
+        if contact_list_id is None:
+            cursor.execute("SELECT DISTINCT c.timezone FROM campaigns_contact AS c")
+        else:
+            cursor.execute(
+                """
+                SELECT DISTINCT c.timezone FROM campaigns_listmembership AS lm
+                  JOIN campaigns_contact AS c ON c.id = lm.contact_id
+                 WHERE lm.contact_list_id = %s
+                """,
+                [contact_list_id],
+            )
         return sorted(row[0] for row in cursor.fetchall())
 
 
@@ -90,7 +95,7 @@ def window_plan(campaign: Campaign) -> WindowPlan:
     population_row = EngagementPopulation.objects.first()
     population = list(population_row.histogram) if population_row else None
     plan = WindowPlan(window_start=start, holdout_percent=campaign.holdout_percent)
-    for name in _list_timezones(campaign.contact_list_id):
+    for name in _audience_timezones(campaign.contact_list_id):
         firsts = hour_instants(name, start, campaign.window_hours)
         for hour, due in sorted(firsts.items()):
             plan.slot_zones.append(name)

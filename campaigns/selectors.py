@@ -52,6 +52,44 @@ members AS (
 )""".strip()
 
 
+# A segment's step (a campaign whose audience is a segment, or a list narrowed by one): the walk
+# (`members`: the next %(limit)s members of the list, or with no list the next %(limit)s
+# contacts, by id), `matching` (the members matching the filter, whatever their status: the
+# step counts them), and `audience` (those of them fan-out may mail). `condition` is the filter
+# compiled by campaigns.segment_sql: an SQL boolean over `c` whose values are parameters.
+_CONTACT_WALK = """
+    SELECT c.id AS contact_id
+      FROM campaigns_contact AS c
+     WHERE c.id > %(cursor)s
+     ORDER BY c.id
+     LIMIT %(limit)s"""
+_LIST_WALK = """
+    SELECT lm.contact_id
+      FROM campaigns_listmembership AS lm
+     WHERE lm.contact_list_id = %(list_id)s AND lm.contact_id > %(cursor)s
+     ORDER BY lm.contact_id
+     LIMIT %(limit)s"""
+
+
+def audience_step_ctes(*, list_walk: bool, condition: str | None) -> str:
+    """The CTEs `members`, `matching` and `audience` of a segment's fan-out step (see above)."""
+    return f"""
+members AS ({_LIST_WALK if list_walk else _CONTACT_WALK}
+), matching AS MATERIALIZED (
+    SELECT c.id, c.email, c.timezone, c.status
+      FROM members
+      JOIN campaigns_contact AS c ON c.id = members.contact_id
+     WHERE c.id BETWEEN (SELECT min(m.contact_id) FROM members AS m) AND (SELECT max(m.contact_id) FROM members AS m)
+       AND c.anonymised_at IS NULL
+       AND ({condition or "true"})
+), audience AS (
+    SELECT c.id, c.email, c.timezone
+      FROM matching AS c
+     WHERE c.status = {CONTACT.ACTIVE}
+       AND NOT EXISTS (SELECT 1 FROM campaigns_suppression AS s WHERE s.email = c.email)
+)""".strip()
+
+
 @dataclass
 class WindowPlan:
     """An optimized campaign's due-instant tables (campaigns.optimized builds them), parallel

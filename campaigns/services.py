@@ -7,8 +7,8 @@ from typing import Any
 from django.db import connection, transaction
 from django.db.models import ProtectedError
 
-from campaigns.exceptions import ListInUse
-from campaigns.models import Contact, ContactList, ListMembership, Template
+from campaigns.exceptions import InUse, ListInUse
+from campaigns.models import Contact, ContactList, ListMembership, Segment, Template
 from core.templating import EmailTemplate
 
 
@@ -29,12 +29,18 @@ def contact_context(contact: Contact | None, extra: dict[str, Any] | None = None
 
 def delete_contact_list(contact_list: ContactList) -> None:
     """Delete a list and its memberships; its contacts stay. Raises ListInUse while it is used."""
+    delete_audience(contact_list, ListInUse)
+
+
+def delete_audience(audience: ContactList | Segment, in_use: type[InUse]) -> None:
+    """Delete a list or a segment, or raise `in_use` naming the campaigns and recurring
+    schedules that still point at it."""
     try:
         with transaction.atomic():
-            contact_list.delete()
+            audience.delete()
     except ProtectedError as exc:
         users = sorted(f"{obj._meta.verbose_name} {obj.pk} ({obj})" for obj in exc.protected_objects)
-        raise ListInUse(contact_list, users) from None
+        raise in_use(audience, users) from None
 
 
 def add_list_members(contact_list: ContactList, contact_ids: list[int]) -> int:

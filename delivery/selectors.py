@@ -13,7 +13,7 @@ from django.db.models import F, Q, QuerySet
 from django.db.models.functions import Coalesce
 
 from campaigns.selectors import campaign_ids_tagged, campaign_status_sql, holdout_sql, suppressed_sql
-from core.sql import literals
+from core.sql import literal, literals
 from delivery.breakers import CircuitSeen, circuit_key, circuits_seen, snapshot
 from delivery.exceptions import ProviderConfigurationError
 from delivery.models import ApiKey, EmailEvent, Message, MessageStatus
@@ -443,3 +443,77 @@ def recent_feedback(limit: int = 10, scan: int = RECENT_SCAN) -> list[dict[str, 
         )
         columns = ("id", "kind", "bounce", "recipient", "provider", "detail", "message_id", "occurred_at")
         return [dict(zip(columns, row, strict=True)) for row in cursor.fetchall()]
+
+
+# --- engagement, for segments (campaigns.segment_sql) ----------------------------------------------
+
+# What a segment's engagement condition counts, as the events of that kind. Opens and clicks are
+# the classifier's human ones only: machine, proxy, bot and scanner hits are not engagement.
+# Written as literals from the enums (these are emailhub's names, never a value a user typed), so
+# the planner can prove emailevent_engagement_idx's predicate from them.
+_EVENT = literals(EmailEvent.Kind)
+_HUMAN = literal(EmailEvent.Classification.HUMAN)
+ENGAGEMENT_EVENTS = {
+    "opened": f"e.kind = {_EVENT.OPENED} AND e.classification = {_HUMAN}",
+    "clicked": f"e.kind = {_EVENT.CLICKED} AND e.classification = {_HUMAN}",
+    "bounced": f"e.kind = {_EVENT.BOUNCED}",
+    "complained": f"e.kind = {_EVENT.COMPLAINED}",
+    "unsubscribed": f"e.kind = {_EVENT.UNSUBSCRIBED}",
+}
+# The index's predicate (delivery/models.py): the rows any condition above can match, and only
+# those. Deliveries, deferrals and machine opens, most of the table, stay out of it.
+ENGAGEMENT_INDEX_KINDS = ("bounced", "complained", "unsubscribed")
+
+
+def engagement_sql(
+    kind: str,
+    *,
+    at_least: int,
+    since: str | None,
+    until: str | None,
+    campaign: str | None,
+    tag: str | None,
+    tagged_campaigns: str | None,
+) -> str:
+    """SQL boolean: the contact aliased `c` (columns id, email) had `kind` ("sent" or one of
+    ENGAGEMENT_EVENTS) at least `at_least` times (0: never), from `since` (inclusive) until
+    `until` (exclusive), of campaign `campaign`, or of mail carrying `tag` (the message's own
+    tags, or a campaign among `tagged_campaigns`, an array of ids). Every argument but `kind` and
+    `at_least` is a placeholder (`%(name)s`) the caller binds, or None; no value is SQL text.
+
+    A campaign's mail is found by (campaign, contact) (uniq_campaign_contact); any other mail by
+    its address: `sent` by message_to_email_upper_idx, events by emailevent_engagement_idx
+    (kind, recipient, occurred_at), both probed per contact in a fan-out step and scanned once
+    for a count.
+    """
+    if kind == "sent":
+        at, where = "m.sent_at", ["m.sent_at IS NOT NULL"]
+        source = "delivery_message AS m"
+        if campaign is not None:
+            where += [f"m.campaign_id = {campaign}", "m.contact_id = c.id"]
+        else:
+            where.append("upper(m.to_email) = upper(c.email)")
+    else:
+        at, where = "e.occurred_at", [ENGAGEMENT_EVENTS[kind]]
+        if campaign is not None:
+            source = "delivery_message AS m JOIN delivery_emailevent AS e ON e.message_id = m.id"
+            where += [f"m.campaign_id = {campaign}", "m.contact_id = c.id"]
+        elif tag is not None:
+            source = "delivery_emailevent AS e JOIN delivery_message AS m ON m.id = e.message_id"
+            where.append("e.recipient = c.email")
+        else:
+            source = "delivery_emailevent AS e"
+            where.append("e.recipient = c.email")
+    if tag is not None:
+        where.append(f"(m.tags @> jsonb_build_array({tag}::text) OR m.campaign_id = ANY({tagged_campaigns}))")
+    if since is not None:
+        where.append(f"{at} >= {since}")
+    if until is not None:
+        where.append(f"{at} < {until}")
+    hits = f"SELECT 1 FROM {source} WHERE {' AND '.join(where)}"
+    if at_least == 0:
+        return f"NOT EXISTS ({hits})"
+    if at_least == 1:
+        return f"EXISTS ({hits})"
+    # At most `at_least` rows are read per contact: enough to know.
+    return f"((SELECT count(*) FROM ({hits} LIMIT {int(at_least)}) AS hits) >= {int(at_least)})"

@@ -504,6 +504,16 @@ EMAILHUB_FANOUT_STALL_SECONDS = env_float("EMAILHUB_FANOUT_STALL_SECONDS", 60.0,
 # how long a job may go without progress before it is handed to a new run.
 EMAILHUB_IMPORT_MAX_BYTES = env_int("EMAILHUB_IMPORT_MAX_BYTES", 512 * 1024 * 1024, minimum=1024)
 EMAILHUB_IMPORT_STALL_SECONDS = env_float("EMAILHUB_IMPORT_STALL_SECONDS", 60.0, minimum=1.0)
+# Segments (issue 23): a filter's bounds (its JSON, its conditions, how deep its groups nest),
+# how long a count or a sample may run before it is refused (a filter is the operator's, the
+# database is everyone's), and how many contacts a sample shows at most.
+EMAILHUB_SEGMENT_MAX_BYTES = env_int("EMAILHUB_SEGMENT_MAX_BYTES", 16 * 1024, minimum=1024)
+EMAILHUB_SEGMENT_MAX_CONDITIONS = env_int("EMAILHUB_SEGMENT_MAX_CONDITIONS", 50, minimum=1)
+EMAILHUB_SEGMENT_MAX_DEPTH = env_int("EMAILHUB_SEGMENT_MAX_DEPTH", 5, minimum=1)
+EMAILHUB_SEGMENT_QUERY_TIMEOUT_SECONDS = env_float(
+    "EMAILHUB_SEGMENT_QUERY_TIMEOUT_SECONDS", 15.0, minimum=0.1
+)
+EMAILHUB_SEGMENT_SAMPLE_MAX = env_int("EMAILHUB_SEGMENT_SAMPLE_MAX", 50, minimum=1)
 # Send-time optimization (campaigns/engagement.py, campaigns/besthour.py; docs/scheduling.md).
 # Half-life of an open's or click's weight in a contact's hour histogram.
 EMAILHUB_ENGAGEMENT_HALF_LIFE_DAYS = env_float("EMAILHUB_ENGAGEMENT_HALF_LIFE_DAYS", 30.0, minimum=0.01)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.db import models
 
-from campaigns.models import Campaign, ContactList, Priority, Template
+from campaigns.models import AUDIENCE_REQUIRED, Campaign, ContactList, Priority, Segment, Template
 from core.timezones import validate_timezone
 
 
@@ -14,7 +14,11 @@ class RecurringSchedule(models.Model):
     timezone = models.CharField(max_length=64, default="UTC", validators=[validate_timezone])
     # The blueprint of each campaign an occurrence creates.
     template = models.ForeignKey(Template, on_delete=models.PROTECT, related_name="+")
-    contact_list = models.ForeignKey(ContactList, on_delete=models.PROTECT, related_name="+")
+    # A list, a segment, or both (the list's members that match); see Campaign.
+    contact_list = models.ForeignKey(
+        ContactList, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    segment = models.ForeignKey(Segment, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     priority = models.CharField(max_length=8, choices=Priority.choices, default=Priority.LOW)
     schedule_type = models.CharField(
         max_length=12,
@@ -34,6 +38,7 @@ class RecurringSchedule(models.Model):
         indexes = [
             models.Index(fields=["next_run"], name="recurring_due_idx", condition=models.Q(active=True))
         ]
+        constraints = [models.CheckConstraint(condition=AUDIENCE_REQUIRED, name="recurring_has_audience")]
 
     def __str__(self) -> str:
         return f"{self.name} ({self.cron} {self.timezone})"

@@ -146,6 +146,7 @@ def fire(schedule: RecurringSchedule, occurrence: datetime) -> bool:
                 name=f"{schedule.name} — {local:%Y-%m-%d %H:%M %Z}",
                 template=schedule.template,
                 contact_list=schedule.contact_list,
+                segment=schedule.segment,
                 priority=schedule.priority,
                 from_email=schedule.from_email,
             )

@@ -76,6 +76,7 @@ PUBLIC: dict[str, set[str]] = {
         "erasure",
         "suppressions",
         "unsubscribe",
+        "segments",
     },
     "scheduling": {"models", "services", "selectors", "exceptions"},
     "delivery": {"models", "services", "selectors", "exceptions"},
