@@ -188,6 +188,25 @@ class ClosedModelSerializer(ClosedFieldsMixin, ModelSerializer):
     pass
 
 
+class OneOfRequiredMixin:
+    """A serializer whose object needs at least one of the fields `one_of_required` (a campaign's
+    audience: a list, a segment, or both), judged as the request would leave the object; the
+    400 names the first field."""
+
+    one_of_required: tuple[str, ...] = ()
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        attrs = super().validate(attrs)  # type: ignore[misc]
+        instance = getattr(self, "instance", None)
+        given = [
+            attrs[name] if name in attrs else getattr(instance, name, None) for name in self.one_of_required
+        ]
+        if all(value is None for value in given):
+            names = ", ".join(self.one_of_required)
+            raise serializers.ValidationError({self.one_of_required[0]: [f"give at least one of {names}"]})
+        return attrs
+
+
 class QueryParameters(Serializer):
     # A view's query parameters. One given without a value (`?status=`) is a 400 naming it: DRF
     # reads an empty form value of an optional field as absent, so it filtered nothing while the

@@ -11,7 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from campaigns.models import Campaign, ContactList, Template
+from campaigns.models import Campaign, ContactList, Segment, Template
 from core import api_input
 from core.validators import validate_mailbox
 from scheduling import recurring
@@ -19,9 +19,21 @@ from scheduling.models import RecurringSchedule
 from scheduling.selectors import schedules_page
 
 
-class RecurringScheduleSerializer(api_input.ModelSerializer):
+class RecurringScheduleSerializer(api_input.OneOfRequiredMixin, api_input.ModelSerializer):
+    one_of_required = ("contact_list", "segment")
     template = serializers.SlugRelatedField(slug_field="name", queryset=Template.objects.all())
-    contact_list = serializers.PrimaryKeyRelatedField(queryset=ContactList.objects.all())
+    contact_list = serializers.PrimaryKeyRelatedField(
+        queryset=ContactList.objects.all(),
+        required=False,
+        allow_null=True,
+        help_text="the list mailed; with `segment`, only its members that match the segment",
+    )
+    segment = serializers.PrimaryKeyRelatedField(
+        queryset=Segment.objects.all(),
+        required=False,
+        allow_null=True,
+        help_text="the segment mailed (its filter as it is when each campaign starts); with `contact_list`, narrowed to that list's members",
+    )
     # `timezone` comes from the model field, with its validator (the one timezone rule).
     schedule_type = serializers.ChoiceField(
         choices=[Campaign.ScheduleType.IMMEDIATE], default=Campaign.ScheduleType.IMMEDIATE
@@ -30,7 +42,7 @@ class RecurringScheduleSerializer(api_input.ModelSerializer):
     class Meta:
         model = RecurringSchedule
         fields = [
-            "id", "name", "cron", "timezone", "template", "contact_list", "priority", "schedule_type",
+            "id", "name", "cron", "timezone", "template", "contact_list", "segment", "priority", "schedule_type",
             "from_email", "active", "last_run", "next_run", "created_at", "updated_at",
         ]  # fmt: skip
         read_only_fields = ["id", "last_run", "next_run", "created_at", "updated_at"]

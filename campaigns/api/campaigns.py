@@ -24,7 +24,7 @@ from rest_framework.views import APIView
 
 from campaigns import lifecycle
 from campaigns.exceptions import CampaignStateError, InvalidSchedule
-from campaigns.models import Campaign, Contact, ContactList, Template
+from campaigns.models import Campaign, Contact, ContactList, Segment, Template
 from campaigns.reporting import campaign_report
 from campaigns.services import compile_template, contact_context
 from core import api_input, limits
@@ -69,9 +69,25 @@ class ProgressSerializer(api_input.Serializer):
     percent_done = serializers.FloatField(min_value=0, max_value=100)
 
 
-class CampaignSerializer(api_input.ModelSerializer):
+AUDIENCE_HELP = {
+    "contact_list": "the list mailed; with `segment`, only its members that match the segment",
+    "segment": "the segment mailed (its filter as it is when the campaign is scheduled); "
+    "with `contact_list`, narrowed to that list's members",
+}
+
+
+class CampaignSerializer(api_input.OneOfRequiredMixin, api_input.ModelSerializer):
+    one_of_required = ("contact_list", "segment")
     template = serializers.SlugRelatedField(slug_field="name", queryset=Template.objects.all())
-    contact_list = serializers.PrimaryKeyRelatedField(queryset=ContactList.objects.all())
+    contact_list = serializers.PrimaryKeyRelatedField(
+        queryset=ContactList.objects.all(),
+        required=False,
+        allow_null=True,
+        help_text=AUDIENCE_HELP["contact_list"],
+    )
+    segment = serializers.PrimaryKeyRelatedField(
+        queryset=Segment.objects.all(), required=False, allow_null=True, help_text=AUDIENCE_HELP["segment"]
+    )
     progress = serializers.SerializerMethodField()
     local_time = api_input.WallTimeField(read_only=True, allow_null=True)
     # The admin's form runs this field too (core.validators.ApiValidatedForm): an empty one is null.
@@ -80,7 +96,7 @@ class CampaignSerializer(api_input.ModelSerializer):
     class Meta:
         model = Campaign
         fields = [
-            "id", "name", "template", "contact_list", "from_email", "priority", "status",
+            "id", "name", "template", "contact_list", "segment", "from_email", "priority", "status",
             "schedule_type", "scheduled_at", "local_date", "local_time", "past_time_policy", "progress", "created_at", "started_at", "completed_at",
             "window_start", "window_hours", "holdout_percent",
             "track_opens", "track_clicks",  # opt-ins (docs/delivery.md, "Tracking")
