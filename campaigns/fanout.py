@@ -1,9 +1,11 @@
-"""Campaign fan-out: the list's members become message rows, PostgreSQL doing the work.
+"""Campaign fan-out: the audience becomes message rows, PostgreSQL doing the work.
 
 Each step is one transaction that takes the next `batch` list members in contact-id order
-(keyset pagination over the (list, contact) unique index), inserts one queued message per
-active, non-suppressed member that has none yet with one INSERT … SELECT (no Python object per
-recipient), records one send task per `EMAILHUB_BATCH_SIZE_<PRIORITY>` new ids in the
+(keyset pagination over the (list, contact) unique index; for a segment's campaign without a
+list, the next contacts by id), keeps those matching the campaign's segment if it has one (the
+filter it was scheduled with, compiled once per run by campaigns.segments: membership is decided
+by the step that reaches a contact), inserts one queued message per active, non-suppressed
+member that has none yet with one INSERT … SELECT (no Python object per recipient), records one send task per `EMAILHUB_BATCH_SIZE_<PRIORITY>` new ids in the
 outbox, and moves the campaign's cursor and counters. A fan-out killed mid-way leaves every
 committed step whole; run again it resumes at the cursor, and the step's anti-join on the
 campaign's messages (UNIQUE(campaign, contact) behind it) makes a replayed step insert nothing
@@ -61,7 +63,9 @@ def fan_out(campaign_id: int, *, step_size: int | None = None, max_steps: int | 
     try:
         return _fan_out(campaign_id, step_size=step_size, max_steps=max_steps, publish_on=publish_on)
     finally:
-        publish_on.submit(connection.close)  # the thread's own database connection (outbox deletes)
+        # The thread's own database connection (outbox deletes): looked up on that thread (the
+        # proxy's attribute read here would close, or fail to close, this thread's instead).
+        publish_on.submit(lambda: connection.close())
         publish_on.shutdown(wait=True)
 
 

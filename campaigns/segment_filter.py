@@ -70,6 +70,8 @@ MAX_STRING = 1_000  # characters of one value
 MAX_IN_VALUES = 1_000  # values of one `in`
 MAX_AT_LEAST = 1_000  # "at least N times"
 MAX_WINDOW = timedelta(days=3_650)  # a relative window of ten years at most
+EARLIEST = datetime(1900, 1, 1, tzinfo=UTC)  # instants a filter may name
+LATEST = datetime(9998, 12, 31, tzinfo=UTC)
 MAX_NUMBER = Decimal("1e15")  # attribute numbers compared: integers and decimals below this
 ATTRIBUTE_KEY_MAX = 100
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
@@ -126,8 +128,11 @@ class Window:
     until: datetime | None = None
 
     def bounds(self, anchor: datetime) -> tuple[datetime | None, datetime | None]:
+        """[since, until): a relative window is the `length` that ends at the anchor, taken in
+        UTC (an anchor given in a zone with DST would otherwise subtract wall-clock days)."""
         if self.length is not None:
-            return anchor - self.length, None
+            end = anchor.astimezone(UTC)
+            return end - self.length, end
         return self.since, self.until
 
 
@@ -176,18 +181,21 @@ def references(node: Node) -> References:
 # --- parsing ------------------------------------------------------------------------------------
 
 
-def parse(data: Any) -> Node:
+def parse(data: Any, *, limits: bool = True) -> Node:
     """Check the JSON filter `data` (already decoded) and return its tree, or raise InvalidFilter
-    naming every bad node found (up to the first 20) by its path."""
+    naming every bad node found (up to the first 20) by its path.
+
+    `limits=False` skips the size, condition and depth bounds: for a filter stored when it was
+    accepted (a scheduled campaign's), which a bound lowered since must not stop from sending."""
     size = len(json.dumps(data, default=str))
-    if size > settings.EMAILHUB_SEGMENT_MAX_BYTES:
+    if limits and size > settings.EMAILHUB_SEGMENT_MAX_BYTES:
         raise InvalidFilter(
             {"": f"the filter is {size:,} bytes of JSON; at most {settings.EMAILHUB_SEGMENT_MAX_BYTES:,}"},
             limit="EMAILHUB_SEGMENT_MAX_BYTES",
         )
-    parser = _Parser()
+    parser = _Parser(limits)
     node = parser.node(data, "", 1)
-    if parser.conditions > settings.EMAILHUB_SEGMENT_MAX_CONDITIONS and "" not in parser.errors:
+    if limits and parser.conditions > settings.EMAILHUB_SEGMENT_MAX_CONDITIONS and "" not in parser.errors:
         parser.errors[""] = (
             f"the filter has {parser.conditions} conditions; at most {settings.EMAILHUB_SEGMENT_MAX_CONDITIONS}"
         )
@@ -199,7 +207,8 @@ def parse(data: Any) -> Node:
 
 
 class _Parser:
-    def __init__(self) -> None:
+    def __init__(self, limits: bool = True) -> None:
+        self.enforce_limits = limits
         self.errors: dict[str, str] = {}
         self.conditions = 0
         self.limit: str | None = None
@@ -222,7 +231,7 @@ class _Parser:
             return None
         kind = kinds[0]
         if kind in GROUPS:
-            if depth > settings.EMAILHUB_SEGMENT_MAX_DEPTH:
+            if self.enforce_limits and depth > settings.EMAILHUB_SEGMENT_MAX_DEPTH:
                 self.fail(
                     path,
                     f"groups are nested more than {settings.EMAILHUB_SEGMENT_MAX_DEPTH} deep "
@@ -233,7 +242,7 @@ class _Parser:
             self._unknown_keys(data, {kind}, path)
             return self.group(kind, data[kind], _join(path, kind), depth)
         self.conditions += 1
-        if self.conditions > settings.EMAILHUB_SEGMENT_MAX_CONDITIONS:
+        if self.enforce_limits and self.conditions > settings.EMAILHUB_SEGMENT_MAX_CONDITIONS:
             return None  # parse() reports the count once
         return getattr(self, f"{kind}_condition")(data, path)
 
@@ -462,25 +471,27 @@ class _Parser:
 
     def _instant(self, value: Any, path: str) -> datetime | None:
         """An ISO 8601 instant with its offset, or a date: the day's start in UTC (`before` a
-        date is before that day starts, `after` it from its start on)."""
-        if isinstance(value, str) and _DATE.match(value):
-            try:
-                return datetime.combine(date.fromisoformat(value), time(), tzinfo=UTC)
-            except ValueError:
-                self.fail(path, f"{value} is not a calendar date")
-                return None
-        if isinstance(value, str) and len(value) <= 40:
-            try:
-                instant = datetime.fromisoformat(value.replace("Z", "+00:00"))
-            except ValueError:
-                instant = None
-            if instant is not None:
-                if instant.tzinfo is None:
+        date is before that day starts, `after` it from its start on). Years 1900 to 9998: a
+        date further out is a typo, and near datetime's own bounds UTC would overflow."""
+        instant = None
+        try:
+            if isinstance(value, str) and _DATE.match(value):
+                instant = datetime.combine(date.fromisoformat(value), time(), tzinfo=UTC)
+            elif isinstance(value, str) and len(value) <= 40:
+                parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+                if parsed.tzinfo is None:
                     self.fail(path, f"{value} has no UTC offset; add one (such as Z or +07:00)")
                     return None
-                return instant.astimezone(UTC)
-        self.fail(path, f"must be an ISO 8601 date or instant with its offset; got {_short(value)}")
-        return None
+                instant = parsed.astimezone(UTC)
+        except (ValueError, OverflowError):
+            instant = None
+        if instant is None:
+            self.fail(path, f"must be an ISO 8601 date or instant with its offset; got {_short(value)}")
+            return None
+        if not EARLIEST <= instant <= LATEST:
+            self.fail(path, f"must be between {EARLIEST:%Y-%m-%d} and {LATEST:%Y-%m-%d}; got {_short(value)}")
+            return None
+        return instant
 
     def _window(self, value: Any, path: str) -> Window | None:
         if not isinstance(value, dict) or len(value) != 1 or next(iter(value)) not in WINDOW_UNITS:

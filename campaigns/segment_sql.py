@@ -22,7 +22,7 @@ from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from campaigns.exceptions import SegmentQueryTimeout
@@ -95,8 +95,8 @@ class _Compiler:
         op, value = node.op, node.value
         if node.field == "created_at":
             if op == "within":
-                since, _ = value.bounds(self.anchor)
-                return f"{column} >= {self.param(since)}"
+                since, until = value.bounds(self.anchor)
+                return f"({column} >= {self.param(since)} AND {column} < {self.param(until)})"
             return f"{column} {'<' if op == 'before' else '>='} {self.param(value)}"
         if op == "equals":
             return f"{column} = {self.param(value)}"
@@ -200,15 +200,24 @@ def _audience_where(node: Node | None, list_id: int | None, anchor: datetime) ->
 
 
 def _run(sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-    """Run a read under the segment query timeout, in its own transaction (SET LOCAL)."""
+    """Run a read under the segment query timeout. The timeout is this statement's only: set
+    for the read (SET LOCAL, in a savepoint when the caller's transaction is open) and put back
+    after it, so a caller's later statements in the same transaction keep their own."""
     milliseconds = int(settings.EMAILHUB_SEGMENT_QUERY_TIMEOUT_SECONDS * 1000)
     try:
         with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute("SELECT set_config('statement_timeout', %s, true)", [str(milliseconds)])
+            cursor.execute(
+                "SELECT current_setting('statement_timeout'), set_config('statement_timeout', %s, true)",
+                [str(milliseconds)],
+            )
+            previous = cursor.fetchone()[0]
             cursor.execute(sql, params)
-            return cursor.fetchall()
-    except Exception as exc:
-        if getattr(exc.__cause__, "pgcode", None) == "57014":  # query_canceled
+            rows = cursor.fetchall()
+            cursor.execute("SELECT set_config('statement_timeout', %s, true)", [previous])
+            return rows
+    except DatabaseError as exc:
+        if getattr(exc.__cause__, "pgcode", None) == "57014":  # query_canceled (a failed savepoint
+            # or transaction takes the SET LOCAL with it)
             raise SegmentQueryTimeout(
                 f"the segment's query ran longer than {settings.EMAILHUB_SEGMENT_QUERY_TIMEOUT_SECONDS:g} s "
                 "(EMAILHUB_SEGMENT_QUERY_TIMEOUT_SECONDS) and was stopped; narrow the filter"
@@ -234,4 +243,8 @@ def sample(
         f"SELECT {columns} FROM campaigns_contact AS c WHERE {where.sql} ORDER BY c.id LIMIT %(sg_size)s",
         where.params,
     )
-    return [dict(zip(SAMPLE_COLUMNS, row, strict=True)) for row in rows]
+    contacts = [dict(zip(SAMPLE_COLUMNS, row, strict=True)) for row in rows]
+    for contact in contacts:  # a raw cursor leaves jsonb undecoded (Django decodes in the field)
+        if isinstance(contact["attributes"], str):
+            contact["attributes"] = json.loads(contact["attributes"])
+    return contacts

@@ -10,7 +10,7 @@
   was scheduled, so an edit of the segment afterwards changes no campaign already on its way),
   compiled with its relative windows anchored at the campaign's start.
 
-The membership rule (docs/campaigns.md, "Segments"): membership is decided per fan-out step,
+The membership rule (docs/architecture.md, "Segments"): membership is decided per fan-out step,
 when the step reaches the contact. A step walks the next contacts by id and inserts a message
 for each one that matches then; a contact the cursor has passed is never looked at again. So a
 contact who starts matching during a long fan-out gets the campaign if its id is still ahead of
@@ -34,6 +34,7 @@ from campaigns.segment_filter import Node, parse, references
 from campaigns.segment_sql import Compiled, compile_filter
 from campaigns.segment_sql import count as count_sql
 from campaigns.segment_sql import sample as sample_sql
+from campaigns.selectors import audience_size
 from campaigns.services import delete_audience
 
 __all__ = ["InvalidFilter", "audience_condition", "campaign_audience_size", "count", "sample", "validate"]
@@ -72,8 +73,10 @@ def count(data: Any, *, list_id: int | None = None, anchor: datetime | None = No
     return count_sql(validate(data), list_id=list_id, anchor=anchor)
 
 
-def sample(data: Any, *, size: int, list_id: int | None = None) -> list[dict[str, Any]]:
-    return sample_sql(validate(data), size=size, list_id=list_id)
+def sample(
+    data: Any, *, size: int, list_id: int | None = None, anchor: datetime | None = None
+) -> list[dict[str, Any]]:
+    return sample_sql(validate(data), size=size, list_id=list_id, anchor=anchor)
 
 
 def create(*, name: str, filter: Any, description: str = "") -> Segment:
@@ -99,21 +102,26 @@ def delete(segment: Segment) -> None:
     delete_audience(segment, SegmentInUse)
 
 
-def _campaign_filter(campaign: Campaign) -> Node:
+def _campaign_filter(campaign: Campaign, segment_id: int) -> Node:
     data = campaign.audience_filter
     if data is None:  # a draft, not scheduled yet: the segment as it is
-        data = Segment.objects.values_list("filter", flat=True).get(pk=campaign.segment_id)
-    return parse(data)
+        data = Segment.objects.values_list("filter", flat=True).get(pk=segment_id)
+    # Accepted when it was stored: a bound lowered since must not stop the campaign.
+    return parse(data, limits=False)
 
 
 def audience_condition(campaign: Campaign) -> Compiled | None:
     """The SQL condition fan-out adds for this campaign's segment (None for a list's campaign)."""
     if campaign.segment_id is None:
         return None
-    return compile_filter(_campaign_filter(campaign), anchor=campaign.started_at or timezone.now())
+    node = _campaign_filter(campaign, campaign.segment_id)
+    return compile_filter(node, anchor=campaign.started_at or timezone.now())
 
 
 def campaign_audience_size(campaign: Campaign) -> int:
-    """What a fan-out of this segment's campaign started now would create (before per-message
-    checks): one count of the segment (narrowed to the campaign's list, if it has one)."""
-    return count_sql(_campaign_filter(campaign), list_id=campaign.contact_list_id)
+    """What a fan-out of this campaign started now would create (before per-message checks):
+    its list's mailable members, or one count of its segment (narrowed to its list, if any)."""
+    if campaign.segment_id is None:
+        assert campaign.contact_list_id is not None  # the campaign_has_audience constraint
+        return audience_size(campaign.contact_list_id)
+    return count_sql(_campaign_filter(campaign, campaign.segment_id), list_id=campaign.contact_list_id)
