@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -12,6 +13,7 @@ from django.utils.html import format_html
 from django.utils.http import urlencode
 
 from campaigns import lifecycle
+from campaigns.admin_segments import SegmentAdmin  # noqa: F401  (registered there; autodiscovery imports this module)
 from campaigns.admin_workflows import CampaignWorkflows, ImportJobWorkflows, ScheduleForm, TemplateWorkflows
 from campaigns.api.campaigns import CampaignSerializer, TemplateSerializer
 from campaigns.api.contacts import ContactListSerializer, ContactSerializer, SuppressionSerializer
@@ -29,6 +31,7 @@ from campaigns.models import (
     ListMembership,
     Suppression,
     Template,
+    audience_text,
 )
 from campaigns.reporting import campaign_report
 from campaigns.services import compile_template, contact_context
@@ -255,7 +258,7 @@ class ArchivedFilter(admin.SimpleListFilter):
 
 # What the admin may edit of a draft (besides its name).
 DRAFT_CONTENT = (
-    "template", "contact_list", "from_email", "priority", "window_hours", "holdout_percent", "track_opens",
+    "template", "contact_list", "segment", "from_email", "priority", "window_hours", "holdout_percent", "track_opens",
     "track_clicks", "tags",
 )  # fmt: skip
 
@@ -302,6 +305,7 @@ class CampaignAdmin(ZonedTimesMixin, CampaignWorkflows):
     list_display = (
         "name",
         "status",
+        "audience",
         "priority",
         "schedule_type",
         "total_count",
@@ -313,6 +317,7 @@ class CampaignAdmin(ZonedTimesMixin, CampaignWorkflows):
         "links",
     )
     list_filter = (ArchivedFilter, "status", "priority", "schedule_type")
+    list_select_related = ("contact_list", "segment")  # the audience column
     search_fields = ("name",)
     draft_content = DRAFT_CONTENT
     # Everything but the name and a draft's content is written by the lifecycle services and the
@@ -320,6 +325,8 @@ class CampaignAdmin(ZonedTimesMixin, CampaignWorkflows):
     # later can never become a form field that a Save writes back.
     always_readonly = (
         *(f.name for f in Campaign._meta.fields if f.name not in ("id", "name", *DRAFT_CONTENT)),
+        "audience",
+        "audience_as_scheduled",
         "progress",
         "bounce_rate",
         "complaint_rate",
@@ -343,7 +350,7 @@ class CampaignAdmin(ZonedTimesMixin, CampaignWorkflows):
                 "fields": (
                     "name",
                     "template",
-                    "contact_list",
+                    ("contact_list", "segment"),
                     "from_email",
                     "priority",
                     ("track_opens", "track_clicks"),
@@ -363,6 +370,7 @@ class CampaignAdmin(ZonedTimesMixin, CampaignWorkflows):
         schedule = ("schedule_type", *ScheduleForm.TYPE_FIELDS.get(obj.schedule_type, ()))
         return [
             content,
+            ("Audience", {"fields": ("audience_as_scheduled",)}),
             ("Schedule", {"fields": schedule}),
             ("Engagement", {"fields": ("engagement",)}),
             ("Times", {"fields": ("created_at", "started_at", "completed_at", "archived_at")}),
@@ -411,6 +419,23 @@ class CampaignAdmin(ZonedTimesMixin, CampaignWorkflows):
                 lifecycle.delete_draft(campaign_id)
             except CampaignStateError as exc:
                 self.message_user(request, f"campaign {campaign_id} not deleted: {exc}", messages.ERROR)
+
+    @admin.display(description="audience")
+    def audience(self, campaign: Campaign) -> str:
+        return audience_text(campaign.contact_list, campaign.segment)
+
+    @admin.display(description="audience")
+    def audience_as_scheduled(self, campaign: Campaign) -> str:
+        text = audience_text(campaign.contact_list, campaign.segment)
+        if campaign.audience_filter is None:
+            return text
+        # What fan-out reads: the segment's filter as it was when the campaign was scheduled.
+        shown = json.dumps(campaign.audience_filter, indent=2, ensure_ascii=False)
+        return format_html(
+            "{}<br>the segment's filter as it was when the campaign was scheduled (what fan-out "
+            "reads; later edits of the segment do not change this campaign):<pre>{}</pre>",
+            text, shown,
+        )  # fmt: skip
 
     @admin.display(description="done")
     def progress(self, campaign: Campaign) -> str:

@@ -79,6 +79,7 @@ class ImportTooLarge(RequestTooLarge):
 
 class Conflict(APIException):
     status_code = status.HTTP_409_CONFLICT
+    default_code = "conflict"
 
 
 class InvalidToken(ValueError):

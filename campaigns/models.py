@@ -154,6 +154,16 @@ class Segment(models.Model):
 AUDIENCE_REQUIRED = models.Q(contact_list__isnull=False) | models.Q(segment__isnull=False)
 
 
+def audience_text(contact_list: ContactList | None, segment: Segment | None) -> str:
+    """A campaign's (or a recurring blueprint's) audience as the operator reads it: a list, a
+    segment, or a list narrowed by a segment."""
+    if contact_list is not None and segment is not None:
+        return f"list {contact_list} ∩ segment {segment}"
+    if segment is not None:
+        return f"segment {segment}"
+    return f"list {contact_list}" if contact_list is not None else "—"
+
+
 class Campaign(models.Model):
     class Status(models.TextChoices):
         DRAFT = "draft"

@@ -74,10 +74,10 @@ EARLIEST = datetime(1900, 1, 1, tzinfo=UTC)  # instants a filter may name
 LATEST = datetime(9998, 12, 31, tzinfo=UTC)
 MAX_NUMBER = Decimal("1e15")  # attribute numbers compared: integers and decimals below this
 ATTRIBUTE_KEY_MAX = 100
-_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}\Z")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _DOMAIN = re.compile(
-    r"^(?=.{1,253}$)[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)*$"
+    r"^(?=.{1,253}\Z)[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)*\Z"
 )
 
 
@@ -262,7 +262,7 @@ class _Parser:
 
     def field_condition(self, data: dict[str, Any], path: str) -> Node | None:
         name = data["field"]
-        if name not in FIELD_OPS:
+        if not isinstance(name, str) or name not in FIELD_OPS:
             self.fail(
                 _join(path, "field"), f"{_short(name)} is not a contact field; use one of {_names(FIELD_OPS)}"
             )
@@ -315,7 +315,7 @@ class _Parser:
             return None
         self._unknown_keys(data, {"attribute", "type", "op", "value"}, path)
         kind = data.get("type")
-        if kind is None and data.get("op") == "exists":
+        if "type" not in data and data.get("op") == "exists":
             kind = "string"  # `exists` asks only whether the key is there
         if kind not in ATTRIBUTE_TYPES:
             self.fail(_join(path, "type"), f"must be one of {_names(ATTRIBUTE_TYPES)}; got {_short(kind)}")
@@ -483,7 +483,9 @@ class _Parser:
                     self.fail(path, f"{value} has no UTC offset; add one (such as Z or +07:00)")
                     return None
                 instant = parsed.astimezone(UTC)
-        except (ValueError, OverflowError):
+        except OverflowError:  # a valid instant that leaves datetime's years once in UTC
+            instant = datetime.max.replace(tzinfo=UTC)
+        except ValueError:
             instant = None
         if instant is None:
             self.fail(path, f"must be an ISO 8601 date or instant with its offset; got {_short(value)}")
@@ -533,7 +535,7 @@ class _Parser:
         return value
 
     def _tag(self, value: Any, path: str) -> str | None:
-        pattern = re.compile(rf"^[A-Za-z0-9_.:-]{{1,{settings.EMAILHUB_TAG_MAX_LENGTH}}}$")
+        pattern = re.compile(rf"^[A-Za-z0-9_.:-]{{1,{settings.EMAILHUB_TAG_MAX_LENGTH}}}\Z")
         if not isinstance(value, str) or not pattern.match(value):
             self.fail(
                 path,

@@ -8,7 +8,8 @@ from django.db import connection, transaction
 from django.db.models import ProtectedError
 
 from campaigns.exceptions import InUse, ListInUse
-from campaigns.models import Contact, ContactList, ListMembership, Segment, Template
+from campaigns.models import Campaign, Contact, ContactList, ListMembership, Segment, Template
+from core.sql import literals
 from core.templating import EmailTemplate
 
 
@@ -33,14 +34,43 @@ def delete_contact_list(contact_list: ContactList) -> None:
 
 
 def delete_audience(audience: ContactList | Segment, in_use: type[InUse]) -> None:
-    """Delete a list or a segment, or raise `in_use` naming the campaigns and recurring
-    schedules that still point at it."""
+    """Delete a list or a segment, or raise `in_use` naming what still points at it: campaigns
+    and recurring schedules (FK PROTECT), and for a list the segments whose filter names it
+    and the unfinished campaigns scheduled with such a filter (their audience would silently
+    lose the list's members)."""
     try:
         with transaction.atomic():
+            users = _filters_naming(audience.pk) if isinstance(audience, ContactList) else []
+            if users:
+                raise in_use(audience, users)
             audience.delete()
     except ProtectedError as exc:
         users = sorted(f"{obj._meta.verbose_name} {obj.pk} ({obj})" for obj in exc.protected_objects)
         raise in_use(audience, users) from None
+
+
+CAMPAIGN = literals(Campaign.Status)
+# A filter's list conditions, anywhere in its tree: {"list": <id>, "op": …} (campaigns.segment_filter).
+_NAMES_LIST = "jsonb_path_exists({column}, '$.** ? (@.list == $id)', jsonb_build_object('id', %s::bigint))"
+
+
+def _filters_naming(list_id: int) -> list[str]:
+    """The segments, and the unfinished campaigns' copied filters, that name list `list_id`
+    (small tables; locked against a concurrent edit adding the list until this transaction ends)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            SELECT 'segment ' || id || ' (' || name || ')' FROM campaigns_segment
+             WHERE {_NAMES_LIST.format(column="filter")}
+            UNION ALL
+            SELECT 'campaign ' || id || ' (' || name || ')' FROM campaigns_campaign
+             WHERE status IN ({CAMPAIGN.DRAFT}, {CAMPAIGN.SCHEDULED}, {CAMPAIGN.SENDING}, {CAMPAIGN.PAUSED})
+               AND audience_filter IS NOT NULL
+               AND {_NAMES_LIST.format(column="audience_filter")}
+            """,
+            [list_id, list_id],
+        )
+        return sorted(row[0] for row in cursor.fetchall())
 
 
 def add_list_members(contact_list: ContactList, contact_ids: list[int]) -> int:

@@ -39,7 +39,7 @@ from rest_framework.validators import ProhibitSurrogateCharactersValidator
 
 from core import limits
 from core.limits import Limit, MaxItems, object_limits
-from core.validators import TAG_PATTERN, TAG_RULE
+from core.validators import TAG_PATTERN, TAG_RULE, missing_one_of
 
 # Field classes -> the JSON type they take, most specific first (MultipleChoiceField is a
 # ChoiceField, ManyRelatedField holds ids).
@@ -191,19 +191,19 @@ class ClosedModelSerializer(ClosedFieldsMixin, ModelSerializer):
 class OneOfRequiredMixin:
     """A serializer whose object needs at least one of the fields `one_of_required` (a campaign's
     audience: a list, a segment, or both), judged as the request would leave the object; the
-    400 names the first field."""
+    400 names the first field. The admin's forms apply the same rule (ApiValidatedForm)."""
 
     one_of_required: tuple[str, ...] = ()
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         attrs = super().validate(attrs)  # type: ignore[misc]
         instance = getattr(self, "instance", None)
-        given = [
-            attrs[name] if name in attrs else getattr(instance, name, None) for name in self.one_of_required
-        ]
-        if all(value is None for value in given):
-            names = ", ".join(self.one_of_required)
-            raise serializers.ValidationError({self.one_of_required[0]: [f"give at least one of {names}"]})
+        names = self.one_of_required
+        missing = missing_one_of(
+            names, {n: attrs[n] if n in attrs else getattr(instance, n, None) for n in names}
+        )
+        if missing:
+            raise serializers.ValidationError({names[0]: [missing]})
         return attrs
 
 

@@ -86,7 +86,7 @@ ERROR_SCHEMA: dict[str, Any] = {
                     "type": "object",
                     "description": "the setting and value of a limit that was hit (413, JSON depth)",
                     "required": ["name", "value"],
-                    "properties": {"name": {"type": "string"}, "value": {"type": "integer"}},
+                    "properties": {"name": {"type": "string"}, "value": {"type": "number"}},
                 },
             },
         }

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from email import policy
 from email.errors import InvalidHeaderDefect
 from email.utils import parseaddr
@@ -175,7 +176,21 @@ class ApiValidatedForm(forms.ModelForm):
                 self.add_error(name, exc)
             else:
                 cleaned[name] = value
+        # The serializer's "at least one of" rule (core.api_input.OneOfRequiredMixin: a
+        # campaign's audience), on the form's own choices: relations are the form's fields.
+        names = [name for name in getattr(serializer, "one_of_required", ()) if name in self.fields]
+        if names and not any(name in self.errors for name in names):
+            missing = missing_one_of(names, {name: cleaned.get(name) for name in names})
+            if missing:
+                self.add_error(names[0], missing)
         return cleaned
+
+
+def missing_one_of(names: Sequence[str], values: dict[str, Any]) -> str | None:
+    """Why `values` lacks every one of `names` (each None), or None when one is given."""
+    if all(values.get(name) is None for name in names):
+        return f"give at least one of {', '.join(names)}"
+    return None
 
 
 _LINE_BREAK = "must not contain line breaks (CR or LF)"

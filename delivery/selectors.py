@@ -460,9 +460,6 @@ ENGAGEMENT_EVENTS = {
     "complained": f"e.kind = {_EVENT.COMPLAINED}",
     "unsubscribed": f"e.kind = {_EVENT.UNSUBSCRIBED}",
 }
-# The index's predicate (delivery/models.py): the rows any condition above can match, and only
-# those. Deliveries, deferrals and machine opens, most of the table, stay out of it.
-ENGAGEMENT_INDEX_KINDS = ("bounced", "complained", "unsubscribed")
 
 
 def engagement_sql(
@@ -474,27 +471,39 @@ def engagement_sql(
     campaign: str | None,
     tag: str | None,
     tagged_campaigns: str | None,
+    set_based: bool = False,
 ) -> str:
     """SQL boolean: the contact aliased `c` (columns id, email) had `kind` ("sent" or one of
     ENGAGEMENT_EVENTS) at least `at_least` times (0: never), from `since` (inclusive) until
     `until` (exclusive), of campaign `campaign`, or of mail carrying `tag` (the message's own
-    tags, or a campaign among `tagged_campaigns`, an array of ids). Every argument but `kind` and
-    `at_least` is a placeholder (`%(name)s`) the caller binds, or None; no value is SQL text.
+    tags, or a campaign among `tagged_campaigns`, an array of ids). Every argument but `kind`,
+    `at_least` and `set_based` is a placeholder (`%(name)s`) the caller binds, or None; no value
+    is SQL text.
 
-    A campaign's mail is found by (campaign, contact) (uniq_campaign_contact); any other mail by
-    its address: `sent` by message_to_email_upper_idx, events by emailevent_engagement_idx
-    (kind, recipient, occurred_at), both probed per contact in a fan-out step and scanned once
-    for a count.
+    A campaign's mail is found by (campaign, contact) (uniq_campaign_contact), and whether it was
+    opened or clicked at all by the message's first_opened_at / first_clicked_at (human hits
+    only, set by events.record_events): one row, no events read. Any other mail by its address:
+    `sent` by message_to_email_upper_idx, events by emailevent_human_idx / emailevent_feedback_idx
+    (kind, recipient, occurred_at). "At least N" (N > 1) reads at most N rows per contact, or with
+    `set_based` (a count over every contact) groups the events once, by address, instead of
+    probing a million times (bench/segments.py: 6.8 s → 2.0 s at 1M contacts, 10M events).
     """
+    if campaign is not None and kind in ("opened", "clicked") and at_least <= 1 and since is until is None:
+        first = "m.first_opened_at" if kind == "opened" else "m.first_clicked_at"
+        hits = (
+            f"SELECT 1 FROM delivery_message AS m"
+            f" WHERE m.campaign_id = {campaign} AND m.contact_id = c.id AND {first} IS NOT NULL"
+        )
+        return f"NOT EXISTS ({hits})" if at_least == 0 else f"EXISTS ({hits})"
     if kind == "sent":
-        at, where = "m.sent_at", ["m.sent_at IS NOT NULL"]
+        at, key, where = "m.sent_at", "upper(m.to_email)", ["m.sent_at IS NOT NULL"]
         source = "delivery_message AS m"
         if campaign is not None:
             where += [f"m.campaign_id = {campaign}", "m.contact_id = c.id"]
         else:
             where.append("upper(m.to_email) = upper(c.email)")
     else:
-        at, where = "e.occurred_at", [ENGAGEMENT_EVENTS[kind]]
+        at, key, where = "e.occurred_at", "e.recipient", [ENGAGEMENT_EVENTS[kind]]
         if campaign is not None:
             source = "delivery_message AS m JOIN delivery_emailevent AS e ON e.message_id = m.id"
             where += [f"m.campaign_id = {campaign}", "m.contact_id = c.id"]
@@ -510,10 +519,19 @@ def engagement_sql(
         where.append(f"{at} >= {since}")
     if until is not None:
         where.append(f"{at} < {until}")
-    hits = f"SELECT 1 FROM {source} WHERE {' AND '.join(where)}"
     if at_least == 0:
-        return f"NOT EXISTS ({hits})"
+        return f"NOT EXISTS (SELECT 1 FROM {source} WHERE {' AND '.join(where)})"
     if at_least == 1:
-        return f"EXISTS ({hits})"
+        return f"EXISTS (SELECT 1 FROM {source} WHERE {' AND '.join(where)})"
+    if set_based and campaign is None:
+        # The addresses with N or more, grouped once; the contact's own term leaves the WHERE.
+        contact_term = "upper(m.to_email) = upper(c.email)" if kind == "sent" else "e.recipient = c.email"
+        grouped = " AND ".join(term for term in where if term != contact_term)
+        mine = "upper(c.email)" if kind == "sent" else "c.email"
+        return (
+            f"({mine} IN (SELECT {key} FROM {source} WHERE {grouped}"
+            f" GROUP BY {key} HAVING count(*) >= {int(at_least)}))"
+        )
     # At most `at_least` rows are read per contact: enough to know.
+    hits = f"SELECT 1 FROM {source} WHERE {' AND '.join(where)}"
     return f"((SELECT count(*) FROM ({hits} LIMIT {int(at_least)}) AS hits) >= {int(at_least)})"

@@ -13,6 +13,7 @@ from django_celery_beat.models import (
     SolarSchedule,
 )
 
+from campaigns.models import audience_text
 from core.admin import ZonedTimesMixin
 from core.validators import ApiValidatedForm
 from scheduling import recurring
@@ -21,22 +22,45 @@ from scheduling.models import RecurringSchedule, ScheduleOccurrence
 
 
 class RecurringScheduleForm(ApiValidatedForm):
-    api_serializer = RecurringScheduleSerializer  # cron, timezone, schedule_type, from_email as the API
+    """cron, timezone, schedule_type and from_email as the API takes them, and its audience: a
+    list, a segment or both, never neither (ApiValidatedForm applies the serializer's rule)."""
+
+    api_serializer = RecurringScheduleSerializer
 
     class Meta:
         model = RecurringSchedule
         fields = [
-            "name", "cron", "timezone", "template", "contact_list", "priority", "schedule_type", "from_email", "active",
+            "name", "cron", "timezone", "template", "contact_list", "segment", "priority", "schedule_type",
+            "from_email", "active",
         ]  # fmt: skip
 
 
 @admin.register(RecurringSchedule)
 class RecurringScheduleAdmin(ZonedTimesMixin, admin.ModelAdmin):
     form = RecurringScheduleForm
-    list_display = ("name", "cron", "timezone", "priority", "active", "last_run", "next_run")
+    list_display = ("name", "cron", "timezone", "audience", "priority", "active", "last_run", "next_run")
     list_filter = ("active", "priority")
+    list_select_related = ("contact_list", "segment")  # the audience column
     search_fields = ("name",)
     readonly_fields = ("last_run", "next_run", "created_at", "updated_at")
+    fieldsets = (
+        (
+            None,
+            {
+                "fields": (
+                    "name", "cron", "timezone", "template", ("contact_list", "segment"), "priority",
+                    "schedule_type", "from_email", "active",
+                ),
+                "description": "The audience: a list, a segment, or both (the list's members that match "
+                "the segment, as it is when each campaign starts).",
+            },
+        ),
+        ("Runs", {"fields": ("last_run", "next_run", "created_at", "updated_at")}),
+    )  # fmt: skip
+
+    @admin.display(description="audience")
+    def audience(self, schedule: RecurringSchedule) -> str:
+        return audience_text(schedule.contact_list, schedule.segment)
 
     def save_model(
         self, request: HttpRequest, obj: RecurringSchedule, form: forms.ModelForm, change: bool

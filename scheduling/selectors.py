@@ -8,7 +8,6 @@ from django.db.models import Count, Q
 
 from campaigns.models import Campaign, Priority
 from campaigns.segments import campaign_audience_size
-from campaigns.selectors import audience_size
 from delivery.models import Message
 from delivery.selectors import pending_and_sending_by_priority
 from scheduling.models import RecurringSchedule
@@ -89,11 +88,7 @@ def _scheduled_rows(status: str | None) -> list[dict[str, Any]]:
                 "status": c.status,
                 # Before fan-out (a scheduled `at` campaign, or one paused before it started)
                 # there are no messages yet: its audience is what is pending.
-                "pending_count": (
-                    campaign_audience_size(c)
-                    if c.segment_id is not None
-                    else audience_size(c.contact_list_id)
-                )
+                "pending_count": campaign_audience_size(c)
                 if c.status in ("scheduled", "paused") and c.started_at is None and not c.pending
                 else c.pending,
             }

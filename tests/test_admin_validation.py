@@ -12,7 +12,7 @@ from django.test import Client
 from django.urls import reverse
 from rest_framework.test import APIClient
 
-from campaigns.models import Campaign, Contact, ContactList, Suppression, Template
+from campaigns.models import Campaign, Contact, ContactList, Segment, Suppression, Template
 from core.validators import ApiValidatedForm
 from outbound.models import Endpoint
 from scheduling.models import RecurringSchedule
@@ -172,7 +172,7 @@ def test_the_recurring_form_refuses_a_bad_cron_timezone_and_sender(
 
 # Admin pages whose form writes a model the API also writes, and those that write nothing an API
 # field takes (each with the reason).
-API_VALIDATED = {Contact, ContactList, Suppression, Template, Campaign, RecurringSchedule, Endpoint}
+API_VALIDATED = {Contact, ContactList, Suppression, Template, Segment, Campaign, RecurringSchedule, Endpoint}
 NO_API_COUNTERPART = {
     "ListMembership": "two foreign keys chosen from existing rows; the API's members endpoint takes ids",
     "ApiKey": "keys are made by manage.py create_api_key; the form edits name and scopes (choices)",

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import os
 import re
 import time
@@ -37,7 +38,16 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.db import connections
 
-from campaigns.models import Campaign, Contact, ContactList, ImportJob, ListMembership, Template
+from campaigns.models import (
+    Campaign,
+    Contact,
+    ContactList,
+    ImportJob,
+    ListMembership,
+    Segment,
+    Suppression,
+    Template,
+)
 from delivery.models import Message
 from delivery.testing.smtp_server import SMTPTestServer, free_port
 from operations.dashboard import _SHARED_KEY
@@ -637,6 +647,82 @@ def test_operator_enables_from_the_dashboard_an_endpoint_a_410_disabled(
     shot(page, deployed, "endpoint-enabled")
     endpoint.refresh_from_db()
     assert (endpoint.enabled, endpoint.disabled_reason, endpoint.disabled_at) == (True, "", None)
+    assert not deployed.foreign_requests, f"pages reached other origins: {deployed.foreign_requests}"
+    assert not deployed.failed_static, deployed.failed_static
+    assert not deployed.page_errors, deployed.page_errors
+
+
+# --- segments: preview before saving, a bad value named by its path -------------------------
+
+SEGMENT_PLAN = "browser-gold"
+
+
+@pytest.fixture(scope="module")
+def segment_people(django_db_setup: Any, django_db_blocker: Any) -> list[Contact]:
+    """Contacts of a plan no other test uses: three with 5 seats or more (one of them
+    suppressed), one with fewer. Made outside the test's transaction, so that gunicorn sees them."""
+    with django_db_blocker.unblock():
+        made = [
+            Contact.objects.create(
+                email=f"seat{seats}@segment.example.com",
+                name=f"Seats {seats}",
+                timezone="Asia/Tokyo",
+                attributes={"plan": SEGMENT_PLAN, "seats": seats},
+            )
+            for seats in (2, 5, 8, 12)
+        ]
+        Suppression.objects.create(email="seat12@segment.example.com", reason="complaint")
+    return made
+
+
+def test_operator_previews_a_segment_sees_a_bad_value_by_its_path_and_saves_it(
+    page: Page, deployed: Deployed, segment_people: list[Contact]
+) -> None:
+    log_in(page, deployed)
+    page.goto(f"{deployed.base}/admin/campaigns/segment/add/")
+    expect(page.locator(".field-filter .help")).to_contain_text("list membership")  # the legend
+    page.fill("#id_name", "browser gold, 5 seats or more")
+
+    def filter_of(seats: object) -> str:
+        plan = {"attribute": "plan", "type": "string", "op": "equals", "value": SEGMENT_PLAN}
+        return json.dumps(
+            {"and": [plan, {"attribute": "seats", "type": "number", "op": "gte", "value": seats}]}
+        )
+
+    # 1. Preview: the count and the sample, nothing saved (the suppressed contact is left out).
+    page.fill("#id_filter", filter_of(5))
+    page.click("#segment-preview-submit")
+    expect(page.locator("#segment-preview-count")).to_have_text("2")
+    rows = page.locator("#segment-sample tr.segment-sample-row")
+    expect(rows).to_have_count(2)
+    expect(rows.nth(0)).to_contain_text("seat5@segment.example.com")
+    expect(rows.nth(0)).to_contain_text("Asia/Tokyo")
+    expect(rows.nth(1)).to_contain_text("seat8@segment.example.com")
+    # The form comes back as typed, pretty-printed, ready to save.
+    assert json.loads(page.input_value("#id_filter")) == json.loads(filter_of(5))
+    shot(page, deployed, "segment-preview")
+    assert not Segment.objects.exists()
+
+    # 2. A string where a number belongs: an error naming the node's path, and no preview.
+    page.fill("#id_filter", filter_of("5"))
+    page.click("#segment-preview-submit")
+    expect(page.locator(".field-filter .errorlist")).to_have_text(
+        "and[1].value: must be a number; got a string"
+    )
+    expect(page.locator("#segment-preview")).to_have_count(0)
+    shot(page, deployed, "segment-path-error")
+    # Saving it is refused the same way.
+    page.click("input[name=_continue]")
+    expect(page.locator(".field-filter .errorlist")).to_contain_text("and[1].value")
+    assert not Segment.objects.exists()
+
+    # 3. Fixed and saved: the segment's page counts it.
+    page.fill("#id_filter", filter_of(8))
+    page.click("input[name=_continue]")
+    expect(page.locator("#segment-current-count")).to_have_text("1")
+    shot(page, deployed, "segment-saved")
+    segment = Segment.objects.get()
+    assert (segment.name, segment.filter) == ("browser gold, 5 seats or more", json.loads(filter_of(8)))
     assert not deployed.foreign_requests, f"pages reached other origins: {deployed.foreign_requests}"
     assert not deployed.failed_static, deployed.failed_static
     assert not deployed.page_errors, deployed.page_errors

@@ -20,6 +20,7 @@ from drf_spectacular.drainage import GENERATOR_STATS
 from openapi_spec_validator import validate
 from rest_framework.test import APIClient
 
+from campaigns import segment_schema
 from campaigns.import_jobs import create_import_job
 from core.api_errors import error_body
 from core.api_schema import ERROR_SCHEMA
@@ -101,6 +102,11 @@ def test_every_error_response_has_the_one_error_shape(schema: dict[str, Any]) ->
         ("post", "/api/v1/campaigns/{id}/cancel", "409"),
         ("delete", "/api/v1/templates/{id}", "409"),
         ("delete", "/api/v1/lists/{id}", "409"),
+        ("delete", "/api/v1/segments/{id}", "409"),
+        ("get", "/api/v1/segments/{id}/count", "409"),
+        ("get", "/api/v1/segments/{id}/count", "422"),
+        ("get", "/api/v1/segments/{id}/sample", "422"),
+        ("post", "/api/v1/segments/preview", "422"),
         ("post", "/api/v1/messages", "422"),
         ("post", "/api/v1/contacts", "415"),
         ("post", "/api/v1/contacts/import", "415"),
@@ -184,12 +190,24 @@ def test_the_error_schema_describes_the_bodies_the_api_answers(api: APIClient) -
         api.post("/api/v1/lists", {"name": ["x"]}, format="json").json(),
         api.get("/api/v1/messages?cursor=bogus").json(),
         APIClient().get("/api/v1/messages").json(),  # 401
+        # A segment filter refused by path, and for a limit (`limit_exceeded` with `limit`).
+        api.post("/api/v1/segments", {"name": "s", "filter": {"or": [1]}}, format="json").json(),
+        api.post(
+            "/api/v1/segments/preview",
+            {"filter": {"or": [{"not": {"field": "name", "op": "exists"}}] * 51}},
+            format="json",
+        ).json(),  # fmt: skip
     ]
     for body in bodies:
         jsonschema.validate(body, ERROR_SCHEMA)
     assert bodies[4]["error"]["fields"] == {
         "cursor": ["invalid cursor; follow a page's `next` or `previous` link"]
     }
+    assert bodies[6]["error"]["fields"] == {
+        "filter.or[0]": ["must be an object (a group or a condition); got a number"]
+    }
+    assert bodies[7]["error"]["code"] == "limit_exceeded"
+    assert bodies[7]["error"]["limit"] == {"name": "EMAILHUB_SEGMENT_MAX_CONDITIONS", "value": 50}
 
 
 def test_accept_is_negotiated_where_documented_and_ignored_where_it_cannot_matter(api: APIClient) -> None:
@@ -330,3 +348,42 @@ def test_every_operation_documents_the_503_of_a_dependency_outage_with_its_retry
             }
             if path != "/api/v1/webhooks/{provider}":  # its own 503 (a signature not checkable now)
                 assert unavailable["headers"]["Retry-After"]["schema"]["type"] == "integer", (method, path)
+
+
+def test_the_segment_filter_language_is_documented_node_by_node(schema: dict[str, Any]) -> None:
+    """campaigns/segment_schema.py's components, as they are, behind every `filter` field."""
+    components = schema["components"]["schemas"]
+    for name, component in segment_schema.components().items():
+        assert components[name] == json.loads(json.dumps(component)), name
+    for name in ("Segment", "SegmentRequest", "PatchedSegmentRequest", "SegmentPreviewRequest"):
+        assert resolve(schema, components[name]["properties"]["filter"]) == components["SegmentFilter"], name
+    assert set(request_schema(schema, "/api/v1/segments")["required"]) == {"name", "filter"}
+    assert request_schema(schema, "/api/v1/segments")["additionalProperties"] is False
+
+
+def test_segment_reads_declare_their_parameters_and_answers(schema: dict[str, Any], settings: Any) -> None:
+    sample = schema["paths"]["/api/v1/segments/{id}/sample"]["get"]
+    parameters = {p["name"]: p["schema"] for p in sample["parameters"]}
+    assert parameters["size"] == {
+        **parameters["size"],
+        "minimum": 1,
+        "maximum": settings.EMAILHUB_SEGMENT_SAMPLE_MAX,
+    }
+    assert parameters["contact_list"]["minimum"] == 1
+    preview = request_schema(schema, "/api/v1/segments/preview")
+    assert preview["required"] == ["filter"]
+    assert prop(schema, preview, "sample_size")["maximum"] == settings.EMAILHUB_SEGMENT_SAMPLE_MAX
+    assert set(success_schema(schema, "/api/v1/segments/{id}/count")["properties"]) == {"count", "as_of"}
+    assert set(success_schema(schema, "/api/v1/segments/{id}/sample")["properties"]) == {"contacts"}
+    result = success_schema(schema, "/api/v1/segments/preview", "post")
+    assert set(result["properties"]) == {"count", "sample", "as_of"}
+    contact = resolve(schema, result["properties"]["sample"]["items"])
+    assert set(contact["properties"]) == {
+        "id",
+        "email",
+        "name",
+        "timezone",
+        "status",
+        "attributes",
+        "created_at",
+    }

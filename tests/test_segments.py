@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import gc
 import json
-import threading
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -22,20 +21,22 @@ import pytest
 import redis as redis_lib
 import time_machine
 from django.conf import settings as django_settings
-from django.db import connection, transaction
+from django.db import connection
 
 from campaigns import fanout, lifecycle, segment_sql, segments
 from campaigns.erasure import erase_contacts
-from campaigns.exceptions import InvalidFilter, SegmentInUse, SegmentQueryTimeout
+from campaigns.exceptions import InvalidFilter, ListInUse, SegmentInUse, SegmentQueryTimeout
 from campaigns.models import Campaign, Contact, ContactList, Segment, Suppression
 from campaigns.segment_filter import parse
-from campaigns.services import add_list_members
+from campaigns.services import add_list_members, delete_contact_list
 from delivery.models import EmailEvent, Message
+from delivery.services import transitions
 from scheduling import recurring
 from scheduling.models import RecurringSchedule
 from tests import factories
 from tests.broker import queued_tasks
 from tests.conftest import wait_until
+from tests.locks import table_locked
 
 # The instant relative windows end at, where a test does not say otherwise.
 NOW = datetime(2024, 6, 15, 12, 0, tzinfo=UTC)
@@ -127,6 +128,13 @@ def sent_to(
 
 
 def hit(message: Message, kind: str, at: datetime, classification: str = "") -> EmailEvent:
+    """An event of `message`; a human open or click also sets the message's first one, as
+    delivery.services.events.record_events does."""
+    if classification == "human" and kind in ("opened", "clicked"):
+        first = {message.pk: at}
+        transitions.record_first_engagement(
+            first if kind == "opened" else {}, first if kind == "clicked" else {}
+        )
     return EmailEvent.objects.create(
         message=message,
         kind=kind,
@@ -942,6 +950,26 @@ def test_segments_create_update_and_delete_in_use_refused() -> None:
     assert not Segment.objects.exists()
 
 
+def test_a_list_a_segment_or_a_scheduled_campaigns_filter_names_cannot_be_deleted() -> None:
+    named, other = ContactList.objects.create(name="named"), ContactList.objects.create(name="other")
+    segment = segments.create(name="in-named", filter={"or": [OK, {"not": {"list": named.pk, "op": "in"}}]})
+    with pytest.raises(ListInUse) as caught:
+        delete_contact_list(named)
+    assert caught.value.users == [f"segment {segment.pk} (in-named)"]
+    delete_contact_list(other)  # named by no filter
+    # A campaign scheduled with a filter naming the list keeps it too, after the segment changed.
+    campaign = Campaign.objects.create(
+        name="c", template=factories.newsletter(), segment=segment, audience_filter=segment.filter
+    )
+    segments.update(segment.pk, {"filter": OK})
+    with pytest.raises(ListInUse) as caught:
+        delete_contact_list(named)
+    assert caught.value.users == [f"campaign {campaign.pk} (c)"]
+    Campaign.objects.filter(pk=campaign.pk).update(status=Campaign.Status.COMPLETED)
+    delete_contact_list(named)
+    assert not ContactList.objects.exists()
+
+
 # --- 9. fan-out of a segment campaign -----------------------------------------------------------
 
 
@@ -1208,26 +1236,9 @@ def test_fan_out_closes_its_publish_threads_connection() -> None:
 def test_a_count_running_past_the_segment_query_timeout_is_stopped(settings) -> None:  # noqa: ANN001
     settings.EMAILHUB_SEGMENT_QUERY_TIMEOUT_SECONDS = 0.2
     add("t@t.org")
-    locked, release = threading.Event(), threading.Event()
-
-    def hold() -> None:  # the count waits on this lock past its timeout
-        try:
-            with transaction.atomic(), connection.cursor() as cursor:
-                cursor.execute("LOCK TABLE campaigns_suppression IN ACCESS EXCLUSIVE MODE")
-                locked.set()
-                release.wait(10)
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=hold)
-    thread.start()
-    try:
-        assert locked.wait(10)
+    with table_locked("campaigns_suppression"):  # the audience's anti-join waits past the timeout
         with pytest.raises(SegmentQueryTimeout, match="EMAILHUB_SEGMENT_QUERY_TIMEOUT_SECONDS"):
             segments.count(OK)
-    finally:
-        release.set()
-        thread.join()
     assert segments.count(field("email", "equals", "t@t.org")) == 1  # the timeout was the read's only
 
 
