@@ -16,6 +16,7 @@ no beat or scheduler started on that database later mails the demo's contacts.
 from __future__ import annotations
 
 import base64
+import json
 import os
 import sys
 import threading
@@ -150,7 +151,8 @@ def send_burst(base_url: str, key: str, progress: Progress, ses: SESTestServer) 
 
 
 def create_recurring(base_url: str, key: str, template_name: str, list_id: int) -> dict:
-    """An every-minute schedule in Europe/London that sends the newsletter to a small list."""
+    """An every-minute schedule in Europe/London that sends the newsletter to a small list, narrowed
+    by a segment."""
     headers = {"Authorization": f"Bearer {key}"}
     small = requests.post(
         f"{base_url}/api/v1/lists",
@@ -169,12 +171,39 @@ def create_recurring(base_url: str, key: str, template_name: str, list_id: int) 
         headers=headers,
         timeout=10,
     ).raise_for_status()
+    # The blueprint's audience: the small list narrowed by a segment (issue 23), here the
+    # readers among the first thousand of the newsletter's audience (a typed attribute and a
+    # field condition), counted through the API before it is used.
+    segment_filter = {
+        "and": [
+            {"field": "email", "op": "domain", "value": "audience.example.com"},
+            {"attribute": "first_name", "type": "string", "op": "contains", "value": "Reader"},
+        ]
+    }
+    segment = requests.post(
+        f"{base_url}/api/v1/segments",
+        json={"name": f"demo readers {time.time():.0f}", "filter": segment_filter},
+        headers=headers,
+        timeout=10,
+    )
+    segment.raise_for_status()
+    counted = requests.get(
+        f"{base_url}/api/v1/segments/{segment.json()['id']}/count",
+        params={"contact_list": small.json()["id"]},
+        headers=headers,
+        timeout=10,
+    ).json()
+    console.print(
+        f"segment '{segment.json()['name']}': {counted['count']} of the recurring list's contacts match "
+        f"{json.dumps(segment_filter)}"
+    )
     body = {
         "name": "demo every minute",
         "cron": "* * * * *",
         "timezone": "Europe/London",
         "template": template_name,
         "contact_list": small.json()["id"],
+        "segment": segment.json()["id"],
         "priority": "low",
     }
     created = requests.post(f"{base_url}/api/v1/recurring-schedules", json=body, headers=headers, timeout=10)
