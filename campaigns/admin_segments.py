@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from django import forms
+from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.utils import flatten_fieldsets, unquote
@@ -81,6 +82,21 @@ class FilterField(StorableJSONFormField):
     """The filter as JSON in a textarea, pretty-printed (as typed while it is not valid JSON)."""
 
     widget = forms.Textarea(attrs={"rows": 16, "cols": 90, "spellcheck": "false", "class": "vLargeTextField"})
+
+    def to_python(self, value: Any) -> Any:
+        try:
+            return super().to_python(value)
+        except RecursionError:  # json.loads of JSON nested thousands deep
+            raise forms.ValidationError(
+                f"nested too deeply: groups may nest {settings.EMAILHUB_SEGMENT_MAX_DEPTH} deep "
+                "(EMAILHUB_SEGMENT_MAX_DEPTH)"
+            ) from None
+
+    def bound_data(self, data: Any, initial: Any) -> Any:
+        try:
+            return super().bound_data(data, initial)
+        except RecursionError:  # shown again as typed
+            return InvalidJSONInput(data)
 
     def prepare_value(self, value: Any) -> Any:
         if isinstance(value, InvalidJSONInput):

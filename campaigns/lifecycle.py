@@ -13,8 +13,8 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from campaigns import fanout_tasks
-from campaigns.exceptions import CampaignStateError, InvalidSchedule
+from campaigns import fanout_tasks, segments
+from campaigns.exceptions import CampaignStateError, InvalidFilter, InvalidSchedule
 from campaigns.fanout import local_dues, wait_for_step
 from campaigns.models import Campaign, Segment
 from core.limits import SCHEDULE_HORIZON, beyond_horizon
@@ -210,10 +210,16 @@ def schedule(
         campaign.scheduled_at = scheduled_at
         if campaign.segment_id is not None:
             # What the campaign will send to is the segment as it is now: a later edit of the
-            # segment changes no campaign already on its way (campaigns.segments).
-            campaign.audience_filter = Segment.objects.values_list("filter", flat=True).get(
-                pk=campaign.segment_id
-            )
+            # segment changes no campaign already on its way (campaigns.segments). Checked again
+            # (a list it names may have gone since it was saved), its lists held until commit.
+            audience_filter = Segment.objects.values_list("filter", flat=True).get(pk=campaign.segment_id)
+            try:
+                segments.validate(audience_filter, limits=False)
+            except InvalidFilter as exc:
+                raise CampaignStateError(
+                    f"its segment no longer passes ({exc}); edit the segment first"
+                ) from None
+            campaign.audience_filter = audience_filter
         now = timezone.now()
         if schedule_type == Campaign.ScheduleType.LOCAL_TIME and local_time is not None:
             campaign.local_date = local_date
@@ -247,6 +253,10 @@ def update_draft(campaign_id: int, changes: dict[str, object]) -> Campaign:
             raise CampaignStateError(f"only a draft campaign can be edited; this one is {campaign.status}")
         for field, value in changes.items():
             setattr(campaign, field, value)
+        if campaign.contact_list_id is None and campaign.segment_id is None:
+            # Checked by the API against the draft it read; a concurrent edit may have taken the
+            # other half of the audience since (the campaign_has_audience constraint's 500).
+            raise CampaignStateError("a campaign needs an audience: give a contact_list, a segment, or both")
         campaign.save(update_fields=[*changes, "updated_at"])
     return campaign
 

@@ -187,7 +187,7 @@ def parse(data: Any, *, limits: bool = True) -> Node:
 
     `limits=False` skips the size, condition and depth bounds: for a filter stored when it was
     accepted (a scheduled campaign's), which a bound lowered since must not stop from sending."""
-    size = len(json.dumps(data, default=str))
+    size = len(json.dumps(data, default=str, ensure_ascii=False).encode())
     if limits and size > settings.EMAILHUB_SEGMENT_MAX_BYTES:
         raise InvalidFilter(
             {"": f"the filter is {size:,} bytes of JSON; at most {settings.EMAILHUB_SEGMENT_MAX_BYTES:,}"},
@@ -500,14 +500,14 @@ class _Parser:
             self.fail(path, 'must be {"days": N} or {"hours": N}')
             return None
         unit, amount = next(iter(value.items()))
-        if isinstance(amount, bool) or not isinstance(amount, int) or amount < 1:
-            self.fail(_join(path, unit), f"must be a whole number of {unit} from 1; got {_short(amount)}")
+        most = MAX_WINDOW // WINDOW_UNITS[unit]
+        if isinstance(amount, bool) or not isinstance(amount, int) or not 1 <= amount <= most:
+            self.fail(
+                _join(path, unit),
+                f"must be a whole number of {unit} from 1 to {most:,}; got {_short(amount)}",
+            )
             return None
-        length = amount * WINDOW_UNITS[unit]
-        if length > MAX_WINDOW:
-            self.fail(_join(path, unit), f"at most {MAX_WINDOW.days:,} days")
-            return None
-        return Window(length=length)
+        return Window(length=amount * WINDOW_UNITS[unit])
 
     def _between(self, value: Any, path: str) -> Window | None:
         if not isinstance(value, dict) or not value or set(value) - {"from", "to"}:

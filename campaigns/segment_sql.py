@@ -122,7 +122,8 @@ class _Compiler:
         if op == "exists":
             return f"(jsonb_typeof({item}) <> 'null')"
         if op == "not_equals":
-            return f"(NOT {self.attribute(AttributeCondition(node.key, kind, 'equals', value))})"
+            equals = self.attribute(AttributeCondition(node.key, kind, "equals", value))
+            return f"(NOT coalesce({equals}, false))"  # a missing attribute is "not equal"
         if kind == "date":
             # An ISO 8601 date or instant, compared by its date: text order is date order.
             day = f"left(c.attributes ->> {key}, 10)"
@@ -132,21 +133,33 @@ class _Compiler:
                     f"(CASE WHEN {guard} THEN {day} = ANY({self.param(list(value))}::text[]) ELSE false END)"
                 )
             return f"(CASE WHEN {guard} THEN {day} {_COMPARE[op]} {self.param(value)} ELSE false END)"
+        if kind == "number":
+            # A JSON number, or a string that is one ("42": a CSV import stores every attribute
+            # as text); the cast only behind the guards, so no value can make the statement fail.
+            number = (
+                f"(CASE jsonb_typeof({item}) WHEN 'number' THEN {item}::numeric"
+                f" WHEN 'string' THEN CASE WHEN (c.attributes ->> {key}) ~ '{_NUMERIC_TEXT}'"
+                f" THEN (c.attributes ->> {key})::numeric END END)"
+            )
+            if op == "in":
+                return f"({number} = ANY({self.param(list(value))}::numeric[]))"
+            return f"({number} {_COMPARE[op]} {self.param(value)}::numeric)"
+        if kind == "boolean":  # equals: a JSON boolean, or the string "true" / "false" (any case)
+            truth = (
+                f"(CASE jsonb_typeof({item}) WHEN 'boolean' THEN {item}::boolean"
+                f" WHEN 'string' THEN CASE lower(c.attributes ->> {key}) WHEN 'true' THEN true"
+                f" WHEN 'false' THEN false END END)"
+            )
+            return f"({truth} = {self.param(value)})"
         if op == "equals":
-            # Containment: exact type and value (the string "1" is not the number 1).
+            # Containment: exact type and value (a string attribute equals a string).
             return f"(c.attributes @> {self.param(json.dumps({node.key: _json(value)}))}::jsonb)"
         if op == "in":
             return f"({item} = ANY({self.param([json.dumps(_json(v)) for v in value])}::jsonb[]))"
-        if op == "contains":
-            pattern = self.param("%" + _like_escape(value) + "%")
-            return (
-                f"(CASE jsonb_typeof({item}) WHEN 'string' THEN (c.attributes ->> {key}) ILIKE {pattern}"
-                f" WHEN 'array' THEN {item} @> jsonb_build_array({self.param(value)}::text) ELSE false END)"
-            )
-        # gt, gte, lt, lte on a number: only a JSON number is compared (the cast is guarded).
+        pattern = self.param("%" + _like_escape(value) + "%")  # contains
         return (
-            f"(CASE WHEN jsonb_typeof({item}) = 'number'"
-            f" THEN {item}::numeric {_COMPARE[op]} {self.param(value)}::numeric ELSE false END)"
+            f"(CASE jsonb_typeof({item}) WHEN 'string' THEN (c.attributes ->> {key}) ILIKE {pattern}"
+            f" WHEN 'array' THEN {item} @> jsonb_build_array({self.param(value)}::text) ELSE false END)"
         )
 
     # --- engagement ---
@@ -174,6 +187,9 @@ class _Compiler:
 
 
 _COMPARE = {"equals": "=", "gt": ">", "gte": ">=", "lt": "<", "lte": "<="}
+# A number written as text: an optional sign, digits, an optional fraction (no exponent, no
+# spaces), short enough for any numeric.
+_NUMERIC_TEXT = "^-?[0-9]{1,15}([.][0-9]{1,15})?$"
 
 
 def _like_escape(value: str) -> str:

@@ -25,11 +25,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from campaigns.exceptions import InvalidFilter, SegmentInUse
-from campaigns.models import Campaign, ContactList, Segment
+from campaigns.models import Campaign, Segment
 from campaigns.segment_filter import Node, parse, references
 from campaigns.segment_sql import Compiled, compile_filter
 from campaigns.segment_sql import count as count_sql
@@ -40,14 +40,22 @@ from campaigns.services import delete_audience
 __all__ = ["InvalidFilter", "audience_condition", "campaign_audience_size", "count", "sample", "validate"]
 
 
-def validate(data: Any) -> Node:
+def validate(data: Any, *, limits: bool = True) -> Node:
     """The filter's tree, or InvalidFilter naming the bad nodes, or the lists and campaigns it
-    names that do not exist."""
-    node = parse(data)
+    names that do not exist (`limits`: see segment_filter.parse)."""
+    node = parse(data, limits=limits)
     named = references(node)
     errors: dict[str, str] = {}
     if named.lists:
-        found = set(ContactList.objects.filter(pk__in=named.lists).values_list("pk", flat=True))
+        # FOR KEY SHARE, for the rest of the caller's transaction (create and update save in
+        # it): a list being deleted (campaigns.services.delete_audience locks its row first) is
+        # waited for and then not found, and a delete after this waits for the save and then
+        # finds the segment naming the list.
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT id FROM campaigns_contactlist WHERE id = ANY(%s) FOR KEY SHARE", [list(named.lists)]
+            )
+            found = {row[0] for row in cursor.fetchall()}
         errors.update(
             {
                 path: f"there is no list {list_id}"
@@ -80,16 +88,17 @@ def sample(
 
 
 def create(*, name: str, filter: Any, description: str = "") -> Segment:
-    validate(filter)
-    return Segment.objects.create(name=name, description=description, filter=filter)
+    with transaction.atomic():
+        validate(filter)
+        return Segment.objects.create(name=name, description=description, filter=filter)
 
 
 def update(segment_id: int, changes: dict[str, Any]) -> Segment:
     """Change a segment's name, description or filter (a new filter is validated first). The
     campaigns scheduled with it keep the filter they were scheduled with."""
-    if "filter" in changes:
-        validate(changes["filter"])
     with transaction.atomic():
+        if "filter" in changes:
+            validate(changes["filter"])
         segment = Segment.objects.select_for_update().get(pk=segment_id)
         for name, value in changes.items():
             setattr(segment, name, value)

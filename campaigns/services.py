@@ -40,6 +40,10 @@ def delete_audience(audience: ContactList | Segment, in_use: type[InUse]) -> Non
     lose the list's members)."""
     try:
         with transaction.atomic():
+            if isinstance(audience, ContactList):
+                # Locked first: a segment saved meanwhile naming it takes a share lock on this row
+                # (campaigns.segments.validate) and waits, or is seen by the search below.
+                ContactList.objects.select_for_update().filter(pk=audience.pk).first()
             users = _filters_naming(audience.pk) if isinstance(audience, ContactList) else []
             if users:
                 raise in_use(audience, users)
@@ -56,7 +60,7 @@ _NAMES_LIST = "jsonb_path_exists({column}, '$.** ? (@.list == $id)', jsonb_build
 
 def _filters_naming(list_id: int) -> list[str]:
     """The segments, and the unfinished campaigns' copied filters, that name list `list_id`
-    (small tables; locked against a concurrent edit adding the list until this transaction ends)."""
+    (small tables; the caller holds the list's row lock, which a save naming it waits for)."""
     with connection.cursor() as cursor:
         cursor.execute(
             f"""

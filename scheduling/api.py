@@ -94,7 +94,10 @@ class ScheduleRowSerializer(api_input.Serializer):
     next_run = serializers.DateTimeField(allow_null=True)
     last_run = serializers.DateTimeField(allow_null=True)
     status = serializers.CharField(help_text="active/inactive (recurring), else the campaign's status")
-    pending_count = serializers.IntegerField()
+    pending_count = serializers.IntegerField(
+        allow_null=True,
+        help_text="null: a scheduled segment campaign whose count ran past the segment query timeout",
+    )
 
 
 class ScheduleDashboardSerializer(api_input.Serializer):

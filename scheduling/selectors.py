@@ -6,6 +6,7 @@ from typing import Any
 
 from django.db.models import Count, Q
 
+from campaigns.exceptions import SegmentQueryTimeout
 from campaigns.models import Campaign, Priority
 from campaigns.segments import campaign_audience_size
 from delivery.models import Message
@@ -88,12 +89,21 @@ def _scheduled_rows(status: str | None) -> list[dict[str, Any]]:
                 "status": c.status,
                 # Before fan-out (a scheduled `at` campaign, or one paused before it started)
                 # there are no messages yet: its audience is what is pending.
-                "pending_count": campaign_audience_size(c)
+                "pending_count": _audience_size(c)
                 if c.status in ("scheduled", "paused") and c.started_at is None and not c.pending
                 else c.pending,
             }
         )
     return rows
+
+
+def _audience_size(campaign: Campaign) -> int | None:
+    """A campaign's audience before its fan-out, None when its segment's count ran past
+    EMAILHUB_SEGMENT_QUERY_TIMEOUT_SECONDS (one slow segment must not fail the dashboard)."""
+    try:
+        return campaign_audience_size(campaign)
+    except SegmentQueryTimeout:
+        return None
 
 
 def queue_snapshot() -> dict[str, dict[str, int]]:

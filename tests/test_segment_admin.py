@@ -66,7 +66,7 @@ def people() -> dict[str, Contact]:
         "dan": factories.contact("dan@example.com", attributes={"city": "Hanoi", "age": 44}, status="unsubscribed"),
         "kid": factories.contact("kid@example.com", attributes={"city": "Hanoi", "age": 12}),
         "eve": factories.contact("eve@example.com", attributes={"city": "Paris", "age": 30}),
-        "str": factories.contact("str@example.com", attributes={"city": "Hanoi", "age": "30"}),
+        "str": factories.contact("str@example.com", attributes={"city": "Hanoi", "age": "thirty"}),
     }  # fmt: skip
     Suppression.objects.create(email="cy@example.com", reason="hard_bounce")
     return made
@@ -440,3 +440,12 @@ def test_the_segment_list_costs_the_same_queries_for_one_segment_or_many(
         segment = segments.create(name=f"s{n}", filter=HANOI)
         Campaign.objects.create(name=f"c{n}", template=template, segment=segment)
     assert queries() == one
+
+
+def test_a_filter_nested_thousands_deep_is_a_form_error_not_a_500(admin_client: Client) -> None:
+    text = '{"not": ' * 5_000 + '{"field": "email", "op": "equals", "value": "a@b.c"}' + "}" * 5_000
+    for button in ("_preview", "_save"):
+        response = admin_client.post(ADD, {**form_data(text), button: "1"})
+        (error,) = filter_errors(response)
+        assert "EMAILHUB_SEGMENT_MAX_DEPTH" in error
+    assert not Segment.objects.exists()

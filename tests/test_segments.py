@@ -25,7 +25,13 @@ from django.db import connection
 
 from campaigns import fanout, lifecycle, segment_sql, segments
 from campaigns.erasure import erase_contacts
-from campaigns.exceptions import InvalidFilter, ListInUse, SegmentInUse, SegmentQueryTimeout
+from campaigns.exceptions import (
+    CampaignStateError,
+    InvalidFilter,
+    ListInUse,
+    SegmentInUse,
+    SegmentQueryTimeout,
+)
 from campaigns.models import Campaign, Contact, ContactList, Segment, Suppression
 from campaigns.segment_filter import parse
 from campaigns.services import add_list_members, delete_contact_list
@@ -131,10 +137,8 @@ def hit(message: Message, kind: str, at: datetime, classification: str = "") -> 
     """An event of `message`; a human open or click also sets the message's first one, as
     delivery.services.events.record_events does."""
     if classification == "human" and kind in ("opened", "clicked"):
-        first = {message.pk: at}
-        transitions.record_first_engagement(
-            first if kind == "opened" else {}, first if kind == "clicked" else {}
-        )
+        first = {message.pk: at}  # a person's click is an open too
+        transitions.record_first_engagement(first, first if kind == "clicked" else {})
     return EmailEvent.objects.create(
         message=message,
         kind=kind,
@@ -295,22 +299,22 @@ def at(*names: str) -> set[str]:
         (attr("tags", "string", "equals", "gold"), set()),  # equals is the whole value, not an array's element
         (attr("city", "string", "exists"), at("a1", "a2", "a3", "a6")),  # JSON null is not there
         (attr("city", "string", "equals", "30"), set()),
-        # number: 30 and 30.0 are one number; the string "42" is no number
+        # number: 30 and 30.0 are one number; the string "42" (a CSV import's) is 42 too
         (attr("age", "number", "equals", 30), at("a1", "a2")),
         (attr("age", "number", "equals", 30.0), at("a1", "a2")),
-        (attr("age", "number", "equals", 42), at("a6")),
-        (attr("age", "number", "in", [42, 7]), at("a6")),
+        (attr("age", "number", "equals", 42), at("a3", "a6")),
+        (attr("age", "number", "in", [42, 7]), at("a3", "a6")),
         (attr("age", "number", "in", [30.0]), at("a1", "a2")),
-        (attr("age", "number", "gt", 30), at("a6")),
-        (attr("age", "number", "gte", 30), at("a1", "a2", "a6")),
+        (attr("age", "number", "gt", 30), at("a3", "a6")),
+        (attr("age", "number", "gte", 30), at("a1", "a2", "a3", "a6")),
         (attr("age", "number", "lt", 42), at("a1", "a2")),
-        (attr("age", "number", "lte", 42), at("a1", "a2", "a6")),
-        (attr("age", "number", "gt", -1e14), at("a1", "a2", "a6")),
+        (attr("age", "number", "lte", 42), at("a1", "a2", "a3", "a6")),
+        (attr("age", "number", "gt", -1e14), at("a1", "a2", "a3", "a6")),
         (attr("score", "number", "gt", 4.25), at("a1")),
         (attr("score", "number", "equals", 4.0), at("a6")),
         (attr("age", "number", "exists"), at("a1", "a2", "a3", "a6")),
-        # boolean: the string "true" is no boolean
-        (attr("vip", "boolean", "equals", True), at("a1")),
+        # boolean: the string "true" (a CSV import's) is true too
+        (attr("vip", "boolean", "equals", True), at("a1", "a3")),
         (attr("vip", "boolean", "equals", False), at("a2")),
         (attr("vip", "boolean", "exists"), at("a1", "a2", "a3")),
         # date: dates and date-times by their date; "not a date" never matches
@@ -340,8 +344,8 @@ def test_attribute_conditions_select_exactly_their_contacts(
     [
         (attr("city", "string", "not_equals", "Hanoi"), ("a1",)),
         (attr("age", "number", "not_equals", 30), ("a1", "a2")),
-        (attr("age", "number", "not_equals", 42), ("a6",)),  # a3's "42" is not 42: a3 is "not equal"
-        (attr("vip", "boolean", "not_equals", True), ("a1",)),
+        (attr("age", "number", "not_equals", 42), ("a3", "a6")),  # a3's "42" is 42
+        (attr("vip", "boolean", "not_equals", True), ("a1", "a3")),
         (attr("born", "date", "not_equals", "1990-05-17"), ("a1", "a2")),
     ],
 )
@@ -381,13 +385,13 @@ def test_and_or_not_compose_including_nested_groups(attributed: None) -> None:
     vip = attr("vip", "boolean", "equals", True)
     adult = attr("age", "number", "gte", 40)
     assert selected({"and": [hanoi, vip]}) == at("a1")
-    assert selected({"or": [vip, adult]}) == at("a1", "a6")
+    assert selected({"or": [vip, adult]}) == at("a1", "a3", "a6")  # a3's "true" and "42" (text)
     assert selected({"and": [thirty, {"not": vip}]}) == at("a2")
-    assert selected({"not": {"or": [thirty, adult]}}) == at("a3", "a4", "a5")
+    assert selected({"not": {"or": [thirty, adult]}}) == at("a4", "a5")
     assert selected(
         {"or": [{"and": [hanoi, {"not": vip}]}, {"and": [adult, {"not": {"not": adult}}]}]}
-    ) == at("a2", "a6")
-    assert selected({"and": [{"or": [vip, adult]}, {"or": [hanoi, {"not": thirty}]}]}) == at("a1", "a6")
+    ) == at("a2", "a3", "a6")
+    assert selected({"and": [{"or": [vip, adult]}, {"or": [hanoi, {"not": thirty}]}]}) == at("a1", "a3", "a6")
     assert selected({"and": [hanoi]}) == selected({"or": [hanoi]}) == at("a1", "a2")
 
 
@@ -454,7 +458,7 @@ def engaged(kind: str, op: str = "at_least", **extra: Any) -> dict[str, Any]:
     [
         (engaged("opened"), r("human", "twice", "old", "clicker")),  # human opens only
         (engaged("opened", value=1), r("human", "twice", "old", "clicker")),
-        (engaged("opened", value=2), r("twice")),  # two human opens; its machine open does not count
+        (engaged("opened", value=2), r("twice", "clicker")),  # machine opens do not count; a click is an open
         (engaged("opened", value=3), set()),
         (engaged("opened", "none"), r("machines", "silent", "never", "bot")),  # never opened
         (engaged("opened", within={"days": 7}), r("human", "twice", "clicker")),
@@ -1252,3 +1256,54 @@ def test_the_segment_query_timeout_applies_to_the_segments_read_only(settings) -
     settings.EMAILHUB_SEGMENT_QUERY_TIMEOUT_SECONDS = 0.25
     assert segments.count(OK) == 0  # in the test's transaction, as in the admin's
     assert timeout() == before
+
+
+# --- what the review found ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("data", "path"),
+    [
+        (engaged("opened", within={"days": 10**12}), "within.days"),
+        (field("created_at", "within", {"hours": 10**18}), "value.hours"),
+        (engaged("opened", within={"days": 3_651}), "within.days"),
+    ],
+)
+def test_a_window_too_long_is_refused_by_path_not_an_overflow(data: Any, path: str) -> None:
+    assert set(refusal(data).errors) == {path}
+
+
+def test_a_contact_created_again_at_an_erased_address_inherits_no_engagement() -> None:
+    erased = add("again@e.org")
+    message = sent_to("again@e.org", campaign=None)
+    opened(message)
+    hit(message, "bounced", NOW - timedelta(days=1))
+    hit(
+        sent_to("again@e.org"), "complained", NOW - timedelta(days=1)
+    )  # unmatched events name the address too
+    EmailEvent.objects.create(kind="bounced", recipient="again@e.org", occurred_at=NOW - timedelta(hours=2))
+    assert selected(engaged("opened")) == {"again@e.org"}
+    assert erase_contacts([erased.pk]) == 1
+    add("again@e.org")  # the address, free again, imported as a new contact
+    for kind in ("opened", "bounced", "complained", "sent"):
+        assert "again@e.org" not in selected(engaged(kind)), kind
+
+
+def test_scheduling_a_campaign_whose_segment_names_a_list_gone_since_is_refused() -> None:
+    gone = ContactList.objects.create(name="gone")
+    add("x@y.org")
+    segment, campaign = segment_campaign({"not": {"list": gone.pk, "op": "in"}})
+    # Deleted behind the service's back (its own delete refuses: the segment names the list).
+    ContactList.objects.filter(pk=gone.pk).delete()
+    with pytest.raises(CampaignStateError, match="no longer passes"):
+        lifecycle.schedule(campaign.pk, "immediate")
+    campaign.refresh_from_db()
+    assert (campaign.status, campaign.audience_filter) == ("draft", None)
+
+
+def test_a_draft_left_without_an_audience_is_refused_not_a_500() -> None:
+    segment, campaign = segment_campaign(OK)
+    with pytest.raises(CampaignStateError, match="needs an audience"):
+        lifecycle.update_draft(campaign.pk, {"segment": None})
+    campaign.refresh_from_db()
+    assert campaign.segment_id == segment.pk

@@ -19,7 +19,7 @@ from django.db import connection, transaction
 
 from campaigns.progress import move_counters
 from core import outbound_events, schedule_index
-from delivery.selectors import message_states, unsent_message_ids_to
+from delivery.selectors import ENGAGEMENT_INDEXED, message_states, unsent_message_ids_to
 from delivery.services import send_tasks, transitions
 from delivery.services.transitions import CANCELLABLE
 
@@ -130,11 +130,20 @@ def erase_address(email: str, placeholder: str) -> int:
         if pending:
             cancel_messages(pending, reason="recipient erased")
         erased = transitions.erase_recipient(email, placeholder)
-        if erased:
-            with connection.cursor() as cursor:
+        with connection.cursor() as cursor:
+            if erased:
                 cursor.execute(
-                    "UPDATE delivery_emailevent SET payload = '{}'::jsonb WHERE message_id = ANY(%s)",
-                    [erased],
+                    "UPDATE delivery_emailevent SET payload = '{}'::jsonb, recipient = %s WHERE message_id = ANY(%s)",
+                    [placeholder, erased],
                 )
+            # The events that matched no message but name the address (a bounce of mail sent
+            # elsewhere, say): a segment's engagement condition reads events by address, so a
+            # contact created later with this address must not inherit the erased person's.
+            # Those rows are the engagement indexes' (kind, recipient), so no table scan.
+            cursor.execute(
+                f"UPDATE delivery_emailevent AS e SET payload = '{{}}'::jsonb, recipient = %s"
+                f" WHERE e.recipient = %s AND ({ENGAGEMENT_INDEXED})",
+                [placeholder, email.lower()],
+            )
             outbound_events.erase(erased, placeholder)  # what the application is (or was) told
     return len(erased)
