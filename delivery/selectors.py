@@ -450,7 +450,7 @@ def recent_feedback(limit: int = 10, scan: int = RECENT_SCAN) -> list[dict[str, 
 # What a segment's engagement condition counts, as the events of that kind. Opens and clicks are
 # the classifier's human ones only: machine, proxy, bot and scanner hits are not engagement.
 # Written as literals from the enums (these are emailhub's names, never a value a user typed), so
-# the planner can prove emailevent_engagement_idx's predicate from them.
+# the planner can prove emailevent_human_idx's and emailevent_feedback_idx's predicates from them.
 _EVENT = literals(EmailEvent.Kind)
 _HUMAN = literal(EmailEvent.Classification.HUMAN)
 ENGAGEMENT_EVENTS = {
