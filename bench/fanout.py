@@ -163,9 +163,9 @@ def segment_expected(started_at: Any) -> dict[str, int]:
     with connection.cursor() as cursor:
         cursor.execute(
             """
-            WITH opened AS (
+            WITH opened AS (  -- a person's click is an open too (delivery.selectors.ENGAGEMENT_EVENTS)
                 SELECT DISTINCT recipient FROM delivery_emailevent
-                 WHERE kind = 'opened' AND classification = 'human' AND occurred_at >= %(since)s
+                 WHERE kind IN ('opened', 'clicked') AND classification = 'human' AND occurred_at >= %(since)s
             )
             SELECT count(*),
                    count(*) FILTER (WHERE c.status = 'active' AND s.email IS NULL)

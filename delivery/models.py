@@ -292,14 +292,17 @@ class EmailEvent(models.Model):
             # time. Two partial indexes, not one whose predicate is an OR: each predicate is then
             # implied by the query's own, so a probe or a count is an index-only scan (with the
             # OR, every entry's row was read to check `classification`). Deliveries, deferrals
-            # and machine opens, most of the table, are in neither.
+            # and machine opens, most of the table, are in neither. The address leads: a predicate
+            # that implies a query's `kind IN (…)` takes that condition out of the index's
+            # search, so with `kind` first a probe for "opened" (opens and clicks) searched
+            # the whole index for one address (a fan-out step of 20,000 ran for minutes).
             models.Index(
-                fields=["kind", "recipient", "occurred_at"],
+                fields=["recipient", "kind", "occurred_at"],
                 name="emailevent_human_idx",
                 condition=models.Q(kind__in=["opened", "clicked"], classification="human"),
             ),
             models.Index(
-                fields=["kind", "recipient", "occurred_at"],
+                fields=["recipient", "kind", "occurred_at"],
                 name="emailevent_feedback_idx",
                 condition=models.Q(kind__in=["bounced", "complained", "unsubscribed"]),
             ),

@@ -492,7 +492,7 @@ def engagement_sql(
     opened or clicked at all by the message's first_opened_at / first_clicked_at (human hits
     only, set by events.record_events): one row, no events read. Any other mail by its address:
     `sent` by message_to_email_upper_idx, events by emailevent_human_idx / emailevent_feedback_idx
-    (kind, recipient, occurred_at). "At least N" (N > 1) reads at most N rows per contact, or with
+    (recipient, kind, occurred_at). "At least N" (N > 1) reads at most N rows per contact, or with
     `set_based` (a count over every contact) groups the events once, by address, instead of
     probing a million times (bench/segments.py: 6.8 s → 2.0 s at 1M contacts, 10M events).
     """
@@ -509,7 +509,7 @@ def engagement_sql(
             f"SELECT 1 FROM delivery_message AS m"
             f" WHERE m.campaign_id = {campaign} AND m.contact_id = c.id AND {first} IS NOT NULL"
         )
-        return f"NOT EXISTS ({hits})" if at_least == 0 else f"EXISTS ({hits})"
+        return _any(hits, negate=at_least == 0, probe=not set_based)
     if kind == "sent":
         at, key, where = "m.sent_at", "upper(m.to_email)", ["m.sent_at IS NOT NULL"]
         source = "delivery_message AS m"
@@ -534,10 +534,10 @@ def engagement_sql(
         where.append(f"{at} >= {since}")
     if until is not None:
         where.append(f"{at} < {until}")
-    if at_least == 0:
-        return f"NOT EXISTS (SELECT 1 FROM {source} WHERE {' AND '.join(where)})"
-    if at_least == 1:
-        return f"EXISTS (SELECT 1 FROM {source} WHERE {' AND '.join(where)})"
+    if at_least <= 1:
+        return _any(
+            f"SELECT 1 FROM {source} WHERE {' AND '.join(where)}", negate=at_least == 0, probe=not set_based
+        )
     if set_based and campaign is None:
         # The addresses with N or more, grouped once; the contact's own term leaves the WHERE.
         contact_term = "upper(m.to_email) = upper(c.email)" if kind == "sent" else "e.recipient = c.email"
@@ -550,3 +550,16 @@ def engagement_sql(
     # At most `at_least` rows are read per contact: enough to know.
     hits = f"SELECT 1 FROM {source} WHERE {' AND '.join(where)}"
     return f"((SELECT count(*) FROM ({hits} LIMIT {int(at_least)}) AS hits) >= {int(at_least)})"
+
+
+def _any(hits: str, *, negate: bool, probe: bool) -> str:
+    """SQL boolean: the query `hits` finds a row (none, with `negate`).
+
+    For a statement over every contact (a count) an EXISTS, which the planner may turn into a
+    hash semi-join over the window's events. For a fan-out step or a sample, a scalar subquery
+    with LIMIT 1, which it cannot: one index probe per contact, whatever its estimates say. With
+    EXISTS a step of 20,000 contacts once hashed the window's 1.35M human opens and clicks
+    (1.19 s a step, bench/fanout.py --segment at 0.08× COPY instead of 0.41×)."""
+    if probe:
+        return f"(({hits} LIMIT 1) IS {'NULL' if negate else 'NOT NULL'})"
+    return f"{'NOT ' if negate else ''}EXISTS ({hits})"

@@ -276,7 +276,7 @@ def _build(contacts: int, events: int, names: dict[str, int]) -> float:
         _step("messages' first_opened_at, first_clicked_at", lambda: cursor.execute(
             """
             UPDATE delivery_message AS m SET first_opened_at = f.opened, first_clicked_at = f.clicked
-              FROM (SELECT message_id, min(occurred_at) FILTER (WHERE kind = 'opened') AS opened,
+              FROM (SELECT message_id, min(occurred_at) AS opened,  -- a click is an open too
                            min(occurred_at) FILTER (WHERE kind = 'clicked') AS clicked
                       FROM delivery_emailevent
                      WHERE classification = 'human' AND kind IN ('opened', 'clicked')

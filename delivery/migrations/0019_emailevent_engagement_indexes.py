@@ -17,7 +17,7 @@ class Migration(migrations.Migration):
             model_name="emailevent",
             index=models.Index(
                 condition=models.Q(("classification", "human"), ("kind__in", ["opened", "clicked"])),
-                fields=["kind", "recipient", "occurred_at"],
+                fields=["recipient", "kind", "occurred_at"],
                 name="emailevent_human_idx",
             ),
         ),
@@ -25,7 +25,7 @@ class Migration(migrations.Migration):
             model_name="emailevent",
             index=models.Index(
                 condition=models.Q(("kind__in", ["bounced", "complained", "unsubscribed"])),
-                fields=["kind", "recipient", "occurred_at"],
+                fields=["recipient", "kind", "occurred_at"],
                 name="emailevent_feedback_idx",
             ),
         ),
