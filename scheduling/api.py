@@ -11,10 +11,12 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from campaigns.exceptions import Conflict
 from campaigns.models import Campaign, ContactList, Segment, Template
 from core import api_input
 from core.validators import validate_mailbox
 from scheduling import recurring
+from scheduling.exceptions import NoAudience
 from scheduling.models import RecurringSchedule
 from scheduling.selectors import schedules_page
 
@@ -57,7 +59,10 @@ class RecurringScheduleSerializer(api_input.OneOfRequiredMixin, api_input.ModelS
         return recurring.create_schedule(RecurringSchedule(**validated_data))
 
     def update(self, instance: RecurringSchedule, validated_data: dict[str, Any]) -> RecurringSchedule:
-        return recurring.update_schedule(instance.pk, validated_data)
+        try:
+            return recurring.update_schedule(instance.pk, validated_data)
+        except NoAudience as exc:
+            raise Conflict(str(exc)) from None
 
 
 class RecurringScheduleList(generics.ListCreateAPIView):

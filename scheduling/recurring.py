@@ -26,7 +26,7 @@ from django.utils import timezone
 from campaigns import lifecycle
 from campaigns.models import Campaign
 from core.localtime import localize, zone
-from scheduling.exceptions import InvalidCron
+from scheduling.exceptions import InvalidCron, NoAudience
 from scheduling.models import RecurringSchedule, ScheduleOccurrence
 
 logger = logging.getLogger(__name__)
@@ -107,6 +107,10 @@ def update_schedule(schedule_id: int, changes: dict[str, object]) -> RecurringSc
             return schedule
         for field in fields:
             setattr(schedule, field, changes[field])
+        if schedule.contact_list_id is None and schedule.segment_id is None:
+            raise NoAudience(
+                "a recurring schedule needs an audience: give a contact_list, a segment, or both"
+            )
         if RULE_FIELDS & set(fields):
             refresh_next_run(schedule)
             fields.append("next_run")

@@ -38,6 +38,7 @@ from campaigns.services import add_list_members, delete_contact_list
 from delivery.models import EmailEvent, Message
 from delivery.services import transitions
 from scheduling import recurring
+from scheduling.exceptions import NoAudience
 from scheduling.models import RecurringSchedule
 from tests import factories
 from tests.broker import queued_tasks
@@ -1307,3 +1308,14 @@ def test_a_draft_left_without_an_audience_is_refused_not_a_500() -> None:
         lifecycle.update_draft(campaign.pk, {"segment": None})
     campaign.refresh_from_db()
     assert campaign.segment_id == segment.pk
+
+
+def test_a_recurring_schedule_left_without_an_audience_is_refused_not_a_500() -> None:
+    segment = segments.create(name="gold", filter=OK)
+    schedule = recurring.create_schedule(
+        RecurringSchedule(name="weekly", cron="0 9 * * 1", template=factories.newsletter(), segment=segment)
+    )
+    with pytest.raises(NoAudience, match="needs an audience"):
+        recurring.update_schedule(schedule.pk, {"segment": None})
+    schedule.refresh_from_db()
+    assert schedule.segment_id == segment.pk
