@@ -303,8 +303,7 @@ class SegmentAdmin(ZonedTimesMixin):
         narrowed = form.cleaned_data.get("preview_list")
         list_id = narrowed.pk if narrowed is not None else None
         try:
-            count = segments.count(data, list_id=list_id)
-            sample = segments.sample(data, size=PREVIEW_SAMPLE_SIZE, list_id=list_id)
+            count, sample = segments.preview(data, size=PREVIEW_SAMPLE_SIZE, list_id=list_id)
         except SegmentQueryTimeout as exc:
             form.add_error("filter", str(exc))
             return None

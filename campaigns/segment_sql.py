@@ -35,14 +35,11 @@ from campaigns.segment_filter import (
     Node,
     Not,
 )
-from campaigns.selectors import CONTACT, campaign_ids_tagged
+from campaigns.selectors import MAILABLE_SQL, campaign_ids_tagged
 from delivery.selectors import engagement_sql
 
 # Who may be in any audience, whatever the filter says: active, not erased, not suppressed.
-AUDIENCE_SQL = (
-    f"c.status = {CONTACT.ACTIVE} AND c.anonymised_at IS NULL"
-    " AND NOT EXISTS (SELECT 1 FROM campaigns_suppression AS s WHERE s.email = c.email)"
-)
+AUDIENCE_SQL = f"c.anonymised_at IS NULL AND {MAILABLE_SQL}"
 # The contact columns a sample shows.
 SAMPLE_COLUMNS = ("id", "email", "name", "timezone", "status", "attributes", "created_at")
 
@@ -208,17 +205,15 @@ def _json(value: Any) -> Any:
 
 
 def _audience_where(node: Node | None, list_id: int | None, anchor: datetime, *, set_based: bool) -> Compiled:
+    """Who may be mailed, matching the filter, narrowed to a list's members (the filter's own
+    list condition) with `list_id`."""
+    if list_id is not None:
+        narrowed = ListCondition(list_id, "in")
+        node = narrowed if node is None else Group("and", (node, narrowed))
     compiled = (
         compile_filter(node, anchor=anchor, set_based=set_based) if node is not None else Compiled("true")
     )
-    where = [AUDIENCE_SQL, compiled.sql]
-    if list_id is not None:
-        compiled.params["sg_list"] = list_id
-        where.append(
-            "EXISTS (SELECT 1 FROM campaigns_listmembership AS lm"
-            " WHERE lm.contact_list_id = %(sg_list)s AND lm.contact_id = c.id)"
-        )
-    return Compiled(" AND ".join(where), compiled.params)
+    return Compiled(f"{AUDIENCE_SQL} AND {compiled.sql}", compiled.params)
 
 
 # What a count or sample runs with, beside the timeout: no JIT (it compiled for 110–210 ms of

@@ -37,7 +37,15 @@ from campaigns.segment_sql import sample as sample_sql
 from campaigns.selectors import audience_size
 from campaigns.services import delete_audience
 
-__all__ = ["InvalidFilter", "audience_condition", "campaign_audience_size", "count", "sample", "validate"]
+__all__ = [
+    "InvalidFilter",
+    "audience_condition",
+    "campaign_audience_size",
+    "count",
+    "preview",
+    "sample",
+    "validate",
+]
 
 
 def validate(data: Any, *, limits: bool = True) -> Node:
@@ -85,6 +93,19 @@ def sample(
     data: Any, *, size: int, list_id: int | None = None, anchor: datetime | None = None
 ) -> list[dict[str, Any]]:
     return sample_sql(validate(data), size=size, list_id=list_id, anchor=anchor)
+
+
+def preview(
+    data: Any, *, size: int, list_id: int | None = None, anchor: datetime | None = None
+) -> tuple[int, list[dict[str, Any]]]:
+    """The count and the first `size` contacts of one filter, checked once, at one anchor (what
+    the API's preview and the admin's Preview show)."""
+    node = validate(data)
+    anchor = anchor or timezone.now()
+    return (
+        count_sql(node, list_id=list_id, anchor=anchor),
+        sample_sql(node, size=size, list_id=list_id, anchor=anchor),
+    )
 
 
 def create(*, name: str, filter: Any, description: str = "") -> Segment:

@@ -331,8 +331,7 @@ class SegmentPreview(APIView):
         as_of = timezone.now()
         try:
             with refusals():
-                count = segments.count(data["filter"], list_id=list_id, anchor=as_of)
-                sample = segments.sample(data["filter"], size=size, list_id=list_id, anchor=as_of)
+                count, sample = segments.preview(data["filter"], size=size, list_id=list_id, anchor=as_of)
         except SegmentQueryTimeout as exc:
             return query_timed_out(exc)
         result = {"count": count, "sample": sample, "as_of": as_of}

@@ -317,12 +317,9 @@ def _on_conflict(sql: str) -> str:
     return fallback
 
 
-# The steps of a list campaign, built once.
-_STEPS = {
-    kind: build(AUDIENCE_STEP_CTES, "members")
-    for kind, build in (("queued", _queued_step), ("local", _local_step), ("optimized", _optimized_step))
-}
 _BUILDERS = {"queued": _queued_step, "local": _local_step, "optimized": _optimized_step}
+# The steps of a list campaign, built once.
+_STEPS = {kind: build(AUDIENCE_STEP_CTES, "members") for kind, build in _BUILDERS.items()}
 
 
 def materialise_step(
